@@ -1,0 +1,8 @@
+//! uipoib: a userspace IPoIB-like datapath. A TAP interface whose traffic is carried as
+//! IPoIB over RDMA UD queue pairs, with a budgeted NAPI-style poll loop and a restart
+//! supervisor that takes over an interface whose completion-queue poll failed.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod verbs;
+pub mod wire;

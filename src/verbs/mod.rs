@@ -1,0 +1,392 @@
+//! The verbs boundary.
+//!
+//! Everything above this module talks to an RDMA device through the [`Provider`] and
+//! [`Endpoint`] traits defined here, never through `rdma-sys` types. Two providers exist:
+//! [`rdma::RdmaProvider`] over libibverbs (the only place in the crate with `unsafe`), and
+//! [`sim::SimFabric`], a deterministic in-process fabric that is a test double for tests
+//! and benches (nothing measured "over rxe" uses it).
+//!
+//! An [`Endpoint`] bundles what one IPoIB-like interface needs on one port: protection
+//! domain, registered buffer memory (receive and send slots), one completion channel, a
+//! receive CQ and a send CQ, one UD QP in RTS, and the address handles created on it. It
+//! owns them all; dropping it destroys them in the right order (AHs, multicast
+//! attachments, QP, CQs, channel, MR, PD). Destroy failures are logged and counted, never
+//! a panic.
+//!
+//! Rules this module keeps:
+//! - a verb's failure is a typed [`VerbsError`] naming the verb; no raw errno or `ibv_wc`
+//!   escapes;
+//! - `poll_cq` returns `Ok(n)` for `n >= 0` completions and `Err(VerbsError::PollFailed)`
+//!   for a negative return: the caller must not retry (see the supervisor);
+//! - work-request ids are opaque to the provider: it hands them back unchanged.
+
+pub mod rdma;
+pub mod sim;
+
+use std::fmt;
+use std::io;
+use std::net::Ipv4Addr;
+
+/// Size of the Global Routing Header that precedes every UD receive.
+pub const GRH_LEN: usize = 40;
+
+/// A 128-bit global identifier (an IPv6 address on RoCE).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct Gid(pub [u8; 16]);
+
+impl Gid {
+    /// The all-zero GID.
+    pub const ZERO: Gid = Gid([0; 16]);
+
+    /// The IPv4-mapped GID `::ffff:a.b.c.d` (how RoCEv2 names an IPv4 address).
+    pub fn from_ipv4(addr: Ipv4Addr) -> Gid {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..16].copy_from_slice(&addr.octets());
+        Gid(g)
+    }
+
+    /// The IPv4 address of an IPv4-mapped GID, `None` for any other GID.
+    pub fn as_ipv4(&self) -> Option<Ipv4Addr> {
+        if self.0[..10].iter().all(|&b| b == 0) && self.0[10] == 0xff && self.0[11] == 0xff {
+            Some(Ipv4Addr::new(self.0[12], self.0[13], self.0[14], self.0[15]))
+        } else {
+            None
+        }
+    }
+
+    /// True for multicast GIDs: IB/IPv6 multicast (`ff..`) or IPv4-mapped multicast.
+    pub fn is_multicast(&self) -> bool {
+        self.0[0] == 0xff || self.as_ipv4().is_some_and(|a| a.is_multicast())
+    }
+
+    /// True for the all-zero GID.
+    pub fn is_zero(&self) -> bool {
+        self.0 == [0; 16]
+    }
+}
+
+impl fmt::Display for Gid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(v4) = self.as_ipv4() {
+            return write!(f, "::ffff:{v4}");
+        }
+        std::net::Ipv6Addr::from(self.0).fmt(f)
+    }
+}
+
+impl fmt::Debug for Gid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Gid({self})")
+    }
+}
+
+impl std::str::FromStr for Gid {
+    type Err = std::net::AddrParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Ok(v4) = s.parse::<Ipv4Addr>() {
+            return Ok(Gid::from_ipv4(v4));
+        }
+        Ok(Gid(s.parse::<std::net::Ipv6Addr>()?.octets()))
+    }
+}
+
+/// How the 40 bytes in front of a UD receive are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GrhKind {
+    /// An IB GRH / IPv6 header: source GID at bytes 8..24, destination GID at 24..40.
+    Ipv6,
+    /// RoCEv2 over IPv4: bytes 0..20 undefined, bytes 20..40 hold the IPv4 header.
+    Ipv4,
+}
+
+/// Which of the endpoint's two completion queues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CqKind {
+    /// Receive completions.
+    Recv,
+    /// Send completions.
+    Send,
+}
+
+/// Outcome of one work request, as reported by a completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WcStatus {
+    /// The work request completed.
+    Success,
+    /// The QP was in the error state: the request was flushed, not executed.
+    Flushed,
+    /// Any other failure; the value is the provider's status code (`ibv_wc_status`).
+    Error(u32),
+}
+
+/// One completion, provider independent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The id given when the work request was posted, unchanged.
+    pub wr_id: u64,
+    /// What happened.
+    pub status: WcStatus,
+    /// Bytes received, including the 40-byte GRH when `has_grh` (receives only).
+    pub byte_len: u32,
+    /// The sender's QP number (receives only).
+    pub src_qp: u32,
+    /// Whether the first [`GRH_LEN`] bytes of the buffer hold a GRH (receives only).
+    pub has_grh: bool,
+}
+
+impl Completion {
+    /// An all-zero completion, for pre-sized arrays.
+    pub const EMPTY: Completion = Completion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        byte_len: 0,
+        src_qp: 0,
+        has_grh: false,
+    };
+}
+
+/// Handle of an address handle owned by an [`Endpoint`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AhHandle(pub u32);
+
+/// Where a UD send goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dest {
+    /// Address handle for the destination GID (unicast or multicast).
+    pub ah: AhHandle,
+    /// Destination QP number (`0xFFFFFF` for multicast).
+    pub qpn: u32,
+    /// Q_Key the receiver checks.
+    pub qkey: u32,
+}
+
+/// The multicast QPN.
+pub const MULTICAST_QPN: u32 = 0xFF_FFFF;
+
+/// One UD send: `len` bytes from the start of send slot `slot`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendWr {
+    /// Opaque id handed back in the completion.
+    pub wr_id: u64,
+    /// Send slot index (`0..EndpointAttrs::send_slots`).
+    pub slot: u32,
+    /// Bytes to send from the slot.
+    pub len: u32,
+    /// Destination.
+    pub dest: Dest,
+    /// Ask for a completion (every send is signalled today).
+    pub signaled: bool,
+}
+
+/// Asynchronous events the datapath acts on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// The device is gone or broken (`IBV_EVENT_DEVICE_FATAL`).
+    DeviceFatal,
+    /// A completion queue overran or failed (`IBV_EVENT_CQ_ERR`).
+    CqError,
+    /// The QP failed (`IBV_EVENT_QP_FATAL`, `_REQ_ERR`, `_ACCESS_ERR`).
+    QpFatal,
+    /// The port went down (`IBV_EVENT_PORT_ERR`).
+    PortDown,
+    /// The port came up (`IBV_EVENT_PORT_ACTIVE`).
+    PortUp,
+    /// The device was removed (rdma_cm `DEVICE_REMOVAL`).
+    DeviceRemoved,
+    /// Anything else, by its `ibv_event_type` value (logged, no action).
+    Other(u32),
+}
+
+/// What to open.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointConfig {
+    /// Device name (`rxe0`, `mlx5_0`, or a simulated device's name).
+    pub device: String,
+    /// Port number, 1-based.
+    pub port: u8,
+    /// GID index; `None` picks the first RoCEv2 IPv4-mapped GID (else index 0).
+    pub gid_index: Option<u8>,
+    /// Q_Key of the UD QP.
+    pub qkey: u32,
+    /// Receive ring size (receive slots and receive CQ depth).
+    pub recv_slots: u32,
+    /// Send ring size (send slots and send CQ depth).
+    pub send_slots: u32,
+    /// Cap on the UD payload in bytes; `None` uses the port's active MTU. Must not exceed
+    /// it.
+    pub max_payload: Option<u32>,
+}
+
+/// What an opened endpoint is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointAttrs {
+    /// Device name.
+    pub device: String,
+    /// Port number.
+    pub port: u8,
+    /// The UD QP's number.
+    pub qpn: u32,
+    /// The local GID used as source.
+    pub gid: Gid,
+    /// Index of `gid` in the port's GID table.
+    pub gid_index: u8,
+    /// Layout of the GRH on receives.
+    pub grh_kind: GrhKind,
+    /// Largest UD payload in bytes (the port's active MTU, or the configured cap).
+    pub max_payload: u32,
+    /// Port's active MTU in bytes.
+    pub port_mtu: u32,
+    /// Receive slots (each `GRH_LEN + max_payload` bytes).
+    pub recv_slots: u32,
+    /// Send slots (each `max_payload` bytes).
+    pub send_slots: u32,
+    /// Largest send the device can inline (0 if none).
+    pub max_inline: u32,
+}
+
+/// A verbs failure, naming what failed.
+#[derive(Debug, thiserror::Error)]
+pub enum VerbsError {
+    /// No device with this name.
+    #[error("no RDMA device named {0:?} (see `rdma link` / `ibv_devices`)")]
+    NoDevice(String),
+    /// The port does not exist or is unusable.
+    #[error("device {device} port {port}: {why}")]
+    BadPort {
+        /// Device name.
+        device: String,
+        /// Port number.
+        port: u8,
+        /// What is wrong.
+        why: String,
+    },
+    /// No usable GID at the requested (or any) index.
+    #[error("device {device} port {port}: no usable GID ({why})")]
+    NoGid {
+        /// Device name.
+        device: String,
+        /// Port number.
+        port: u8,
+        /// What is wrong.
+        why: String,
+    },
+    /// A configuration value the device cannot honour.
+    #[error("invalid {field}: {why}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// Why.
+        why: String,
+    },
+    /// `ibv_poll_cq` returned a negative value. Never retried: the interface restarts.
+    #[error("ibv_poll_cq on the {cq:?} CQ failed (returned {ret})")]
+    PollFailed {
+        /// Which CQ.
+        cq: CqKind,
+        /// The negative return value.
+        ret: i32,
+    },
+    /// A verb call failed.
+    #[error("{verb} failed: {source}")]
+    Verb {
+        /// The verb's name, e.g. `ibv_post_send`.
+        verb: &'static str,
+        /// The errno it gave.
+        #[source]
+        source: io::Error,
+    },
+    /// An address handle the endpoint does not own.
+    #[error("unknown address handle {0:?}")]
+    UnknownAh(AhHandle),
+}
+
+impl VerbsError {
+    /// A [`VerbsError::Verb`] from an errno value.
+    pub fn verb(verb: &'static str, errno: i32) -> Self {
+        VerbsError::Verb {
+            verb,
+            source: io::Error::from_raw_os_error(errno),
+        }
+    }
+}
+
+/// A failed [`Endpoint::post_send`]: how many of the chain were posted, and why the next
+/// one was not.
+#[derive(Debug, thiserror::Error)]
+#[error("{error} (after posting {posted} of the chain)")]
+pub struct PostSendError {
+    /// Work requests of the chain that were posted (a prefix).
+    pub posted: usize,
+    /// Why the next one was not.
+    #[source]
+    pub error: VerbsError,
+}
+
+/// Opens endpoints on a device. Implemented by the real and the simulated provider.
+pub trait Provider: Send + Sync {
+    /// Open the device and build a ready endpoint: PD, memory, channel, CQs, UD QP in RTS.
+    fn open(&self, cfg: &EndpointConfig) -> Result<Box<dyn Endpoint>, VerbsError>;
+}
+
+/// Everything one interface needs on one port. See the module docs.
+pub trait Endpoint: Send {
+    /// What this endpoint is.
+    fn attrs(&self) -> &EndpointAttrs;
+
+    /// Receive slot `slot`: `GRH_LEN + max_payload` bytes. Read it only after its
+    /// completion.
+    fn recv_buf(&self, slot: u32) -> &[u8];
+
+    /// Send slot `slot`: `max_payload` bytes. Write it only while it is not posted.
+    fn send_buf(&mut self, slot: u32) -> &mut [u8];
+
+    /// Post receive slot `slot` with id `wr_id`.
+    fn post_recv(&mut self, wr_id: u64, slot: u32) -> Result<(), VerbsError>;
+
+    /// Post a chain of sends with one call (one doorbell / system call where the device
+    /// allows). On failure, `wrs[..err.posted]` were posted and the rest were not.
+    fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), PostSendError>;
+
+    /// Poll up to `out.len()` completions from `cq`. `Ok(0)` when empty.
+    fn poll_cq(&mut self, cq: CqKind, out: &mut [Completion]) -> Result<usize, VerbsError>;
+
+    /// Arm `cq` for the next completion event.
+    fn req_notify(&mut self, cq: CqKind) -> Result<(), VerbsError>;
+
+    /// Register the completion channel (readable when an event is pending) and the async
+    /// event source with `registry` under the two tokens.
+    fn register(
+        &mut self,
+        registry: &mio::Registry,
+        cq_token: mio::Token,
+        async_token: mio::Token,
+    ) -> io::Result<()>;
+
+    /// Undo [`Endpoint::register`].
+    fn deregister(&mut self, registry: &mio::Registry) -> io::Result<()>;
+
+    /// Read every pending completion event without blocking, acknowledge them, and say
+    /// which CQs they were for (`(recv_events, send_events)`).
+    fn take_cq_events(&mut self) -> Result<(u32, u32), VerbsError>;
+
+    /// Read one pending asynchronous event without blocking (`None` when none).
+    fn next_async_event(&mut self) -> Result<Option<AsyncEvent>, VerbsError>;
+
+    /// Create an address handle for `gid` on this endpoint's port.
+    fn create_ah(&mut self, gid: &Gid) -> Result<AhHandle, VerbsError>;
+
+    /// Destroy an address handle. The caller guarantees no posted send uses it.
+    fn destroy_ah(&mut self, ah: AhHandle) -> Result<(), VerbsError>;
+
+    /// Attach the QP to multicast group `gid` (and do whatever else the device needs for
+    /// packets of that group to arrive, such as an IP-level join on RoCE).
+    fn attach_mcast(&mut self, gid: &Gid) -> Result<(), VerbsError>;
+
+    /// Detach the QP from multicast group `gid`.
+    fn detach_mcast(&mut self, gid: &Gid) -> Result<(), VerbsError>;
+
+    /// Move the QP to the error state: every posted WR completes as [`WcStatus::Flushed`].
+    fn set_qp_error(&mut self) -> Result<(), VerbsError>;
+}

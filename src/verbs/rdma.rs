@@ -1,0 +1,2 @@
+//! The real provider over libibverbs (rdma-sys).
+#![allow(unsafe_code)]

@@ -1,0 +1,1 @@
+//! Simulated in-process fabric (test double).

@@ -1,0 +1,1 @@
+//! Ethernet frames from and to the TAP, and MACs standing for IPoIB peers.

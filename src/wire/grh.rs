@@ -1,0 +1,1 @@
+//! The 40 bytes in front of every UD receive.

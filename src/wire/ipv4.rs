@@ -1,0 +1,1 @@
+//! Just enough of IPv4 to route a packet: version, lengths, addresses.

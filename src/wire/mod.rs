@@ -1,0 +1,70 @@
+//! Wire formats, sans I/O: pure functions over byte slices.
+//!
+//! - [`ipoib`]: the 4-byte IPoIB encapsulation header and 20-byte IPoIB hardware
+//!   addresses (RFC 4391);
+//! - [`arp`]: ARP as the TAP speaks it (Ethernet, hardware type 1) and as IPoIB carries it
+//!   (hardware type 32, 20-byte addresses), and translation between the two;
+//! - [`eth`]: Ethernet frames from and to the TAP, and the locally administered MACs that
+//!   stand for IPoIB peers;
+//! - [`grh`]: the 40 bytes in front of every UD receive.
+//!
+//! Nothing here allocates, does I/O or reads a clock. Every parser returns a
+//! [`WireError`] naming what was wrong; none panics on any input.
+
+pub mod arp;
+pub mod eth;
+pub mod grh;
+pub mod ipoib;
+pub mod ipv4;
+
+/// EtherType of IPv4.
+pub const ETHERTYPE_IPV4: u16 = 0x0800;
+/// EtherType of ARP.
+pub const ETHERTYPE_ARP: u16 = 0x0806;
+/// EtherType of IPv6.
+pub const ETHERTYPE_IPV6: u16 = 0x86DD;
+/// EtherType of an 802.1Q VLAN tag.
+pub const ETHERTYPE_VLAN: u16 = 0x8100;
+/// EtherType of an 802.1ad (QinQ) tag.
+pub const ETHERTYPE_QINQ: u16 = 0x88A8;
+
+/// Why bytes could not be parsed or carried. Each variant is a drop reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// Fewer bytes than the header or message needs.
+    #[error("truncated: {what} needs {need} bytes, got {got}")]
+    Truncated {
+        /// What was being parsed.
+        what: &'static str,
+        /// Bytes needed.
+        need: usize,
+        /// Bytes present.
+        got: usize,
+    },
+    /// The IPoIB header's reserved 16 bits were not zero.
+    #[error("IPoIB header reserved bits are {0:#06x}, not zero")]
+    ReservedNotZero(u16),
+    /// An EtherType this datapath does not carry.
+    #[error("unsupported EtherType {0:#06x}")]
+    UnsupportedEtherType(u16),
+    /// An IPv6 frame (not carried until neighbour discovery is translated).
+    #[error("IPv6 is not carried")]
+    Ipv6,
+    /// A VLAN-tagged frame.
+    #[error("VLAN-tagged frames are not carried")]
+    Vlan,
+    /// Larger than the IPoIB MTU.
+    #[error("frame payload of {len} bytes exceeds the MTU of {mtu}")]
+    Oversized {
+        /// Payload length.
+        len: usize,
+        /// The limit.
+        mtu: usize,
+    },
+    /// An ARP message with a field this datapath does not accept.
+    #[error("bad ARP: {0}")]
+    BadArp(&'static str),
+    /// An IPv4 header that does not parse.
+    #[error("bad IPv4 header: {0}")]
+    BadIpv4(&'static str),
+}
