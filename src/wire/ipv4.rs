@@ -1,1 +1,305 @@
-//! Just enough of IPv4 to route a packet: version, lengths, addresses.
+//! The few IPv4 header fields the datapath needs (addresses and lengths), and the
+//! Internet checksum.
+//!
+//! The datapath looks into IPv4 only to pick a next hop and to check that a packet is
+//! whole; it does not verify checksums (the receiving stack does) and never rewrites a
+//! packet.
+
+use std::net::Ipv4Addr;
+
+use super::{WireError, prefix};
+
+/// Length of an IPv4 header without options.
+pub const MIN_HEADER_LEN: usize = 20;
+
+/// What the datapath reads from an IPv4 header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ipv4Summary {
+    /// Source address.
+    pub src: Ipv4Addr,
+    /// Destination address.
+    pub dst: Ipv4Addr,
+    /// Header length in bytes (IHL × 4, 20..=60).
+    pub header_len: usize,
+    /// Total length in bytes (header and payload), from the header.
+    pub total_len: usize,
+    /// Protocol number of the payload.
+    pub protocol: u8,
+}
+
+/// Checks version 4, IHL >= 5, `header_len <= total_len <= b.len()`; errors are
+/// [`WireError::BadIpv4`] / [`WireError::Truncated`] naming the problem. Bytes after
+/// `total_len` (Ethernet padding) are allowed. Does not verify the checksum.
+pub fn parse_summary(b: &[u8]) -> Result<Ipv4Summary, WireError> {
+    let h: &[u8; MIN_HEADER_LEN] = prefix(b, "IPv4 header")?;
+    if h[0] >> 4 != 4 {
+        return Err(WireError::BadIpv4("version is not 4"));
+    }
+    let header_len = usize::from(h[0] & 0x0f) * 4;
+    if header_len < MIN_HEADER_LEN {
+        return Err(WireError::BadIpv4(
+            "header length (IHL) is less than 5 words",
+        ));
+    }
+    let total_len = usize::from(u16::from_be_bytes([h[2], h[3]]));
+    if total_len < header_len {
+        return Err(WireError::BadIpv4(
+            "total length is less than the header length",
+        ));
+    }
+    if header_len > b.len() {
+        return Err(WireError::Truncated {
+            what: "IPv4 header with options",
+            need: header_len,
+            got: b.len(),
+        });
+    }
+    if total_len > b.len() {
+        return Err(WireError::Truncated {
+            what: "IPv4 packet (total length)",
+            need: total_len,
+            got: b.len(),
+        });
+    }
+    Ok(Ipv4Summary {
+        src: Ipv4Addr::new(h[12], h[13], h[14], h[15]),
+        dst: Ipv4Addr::new(h[16], h[17], h[18], h[19]),
+        header_len,
+        total_len,
+        protocol: h[9],
+    })
+}
+
+/// The Internet checksum (RFC 1071) of `data`: the ones' complement of the ones'
+/// complement sum of its 16-bit big-endian words, an odd last byte padded with zero.
+/// Computed over a header whose checksum field is zero, it is the value to store there;
+/// computed over a header with a correct checksum, it is 0.
+pub fn checksum(data: &[u8]) -> u16 {
+    let mut words = data.chunks_exact(2);
+    let mut sum: u64 = words
+        .by_ref()
+        .map(|w| u64::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    if let [last] = words.remainder() {
+        sum += u64::from(*last) << 8;
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    // The loop above leaves `sum` within 16 bits.
+    !(sum as u16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A UDP packet header, 192.168.0.1 -> 192.168.0.199, total length 0x73, DF, TTL 64,
+    /// checksum 0xb861 (the worked example of the Internet checksum on Wikipedia's IPv4
+    /// header page).
+    const HEADER: [u8; 20] = [
+        0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0xb8, 0x61, 0xc0, 0xa8, 0x00,
+        0x01, 0xc0, 0xa8, 0x00, 0xc7,
+    ];
+
+    fn packet(header: &[u8], total: usize) -> [u8; 0x73 + 8] {
+        let mut p = [0u8; 0x73 + 8];
+        p[..header.len()].copy_from_slice(header);
+        p[2..4].copy_from_slice(&u16::try_from(total).unwrap().to_be_bytes());
+        p
+    }
+
+    #[test]
+    fn known_header() {
+        let p = packet(&HEADER, 0x73);
+        assert_eq!(
+            parse_summary(&p[..0x73]),
+            Ok(Ipv4Summary {
+                src: Ipv4Addr::new(192, 168, 0, 1),
+                dst: Ipv4Addr::new(192, 168, 0, 199),
+                header_len: 20,
+                total_len: 0x73,
+                protocol: 17,
+            })
+        );
+    }
+
+    #[test]
+    fn trailing_padding_is_allowed() {
+        let p = packet(&HEADER, 0x73);
+        assert_eq!(parse_summary(&p).map(|s| s.total_len), Ok(0x73));
+    }
+
+    #[test]
+    fn header_only_packet() {
+        let p = packet(&HEADER, 20);
+        assert_eq!(parse_summary(&p[..20]).map(|s| s.total_len), Ok(20));
+    }
+
+    #[test]
+    fn options_extend_the_header() {
+        let mut h = [0u8; 24];
+        h[..20].copy_from_slice(&HEADER);
+        h[0] = 0x46;
+        let p = packet(&h, 40);
+        let s = parse_summary(&p[..40]).unwrap();
+        assert_eq!((s.header_len, s.total_len), (24, 40));
+        assert_eq!(s.dst, Ipv4Addr::new(192, 168, 0, 199));
+    }
+
+    #[test]
+    fn every_length_below_the_minimum_header_is_truncated() {
+        for len in 0..MIN_HEADER_LEN {
+            assert_eq!(
+                parse_summary(&HEADER[..len]),
+                Err(WireError::Truncated {
+                    what: "IPv4 header",
+                    need: 20,
+                    got: len
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn every_length_below_total_len_is_truncated() {
+        let p = packet(&HEADER, 0x73);
+        for len in MIN_HEADER_LEN..0x73 {
+            assert_eq!(
+                parse_summary(&p[..len]),
+                Err(WireError::Truncated {
+                    what: "IPv4 packet (total length)",
+                    need: 0x73,
+                    got: len
+                }),
+                "length {len}"
+            );
+        }
+    }
+
+    #[test]
+    fn options_cut_short_are_truncated() {
+        let mut h = HEADER;
+        h[0] = 0x4f; // 60-byte header
+        let p = packet(&h, 0x73);
+        assert_eq!(
+            parse_summary(&p[..40]),
+            Err(WireError::Truncated {
+                what: "IPv4 header with options",
+                need: 60,
+                got: 40
+            })
+        );
+    }
+
+    #[test]
+    fn wrong_version_nibbles() {
+        for v in (0u8..16).filter(|&v| v != 4) {
+            let mut p = packet(&HEADER, 0x73);
+            p[0] = (v << 4) | 5;
+            assert_eq!(
+                parse_summary(&p),
+                Err(WireError::BadIpv4("version is not 4")),
+                "version {v}"
+            );
+        }
+    }
+
+    #[test]
+    fn ihl_below_5() {
+        for ihl in 0u8..5 {
+            let mut p = packet(&HEADER, 0x73);
+            p[0] = 0x40 | ihl;
+            assert_eq!(
+                parse_summary(&p),
+                Err(WireError::BadIpv4(
+                    "header length (IHL) is less than 5 words"
+                ))
+            );
+        }
+    }
+
+    #[test]
+    fn total_len_below_header_len() {
+        for total in [0, 1, 19] {
+            let p = packet(&HEADER, total);
+            assert_eq!(
+                parse_summary(&p),
+                Err(WireError::BadIpv4(
+                    "total length is less than the header length"
+                ))
+            );
+        }
+        let mut h = HEADER;
+        h[0] = 0x46;
+        let p = packet(&h, 23);
+        assert_eq!(
+            parse_summary(&p),
+            Err(WireError::BadIpv4(
+                "total length is less than the header length"
+            ))
+        );
+    }
+
+    #[test]
+    fn checksum_known_answers() {
+        let mut h = HEADER;
+        assert_eq!(checksum(&h), 0, "a correct header sums to zero");
+        h[10..12].fill(0);
+        assert_eq!(checksum(&h), 0xb861);
+        // RFC 1071 § 3 example: 00 01 f2 03 f4 f5 f6 f7 sums to 0xddf2.
+        assert_eq!(
+            checksum(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]),
+            !0xddf2
+        );
+        assert_eq!(checksum(&[]), 0xffff);
+        assert_eq!(checksum(&[0x12]), !0x1200);
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..80)) {
+            let _ = parse_summary(&b);
+            let _ = checksum(&b);
+        }
+
+        #[test]
+        fn accepted_summaries_respect_the_bounds(b in proptest::collection::vec(any::<u8>(), 20..80)) {
+            if let Ok(s) = parse_summary(&b) {
+                prop_assert!(MIN_HEADER_LEN <= s.header_len);
+                prop_assert!(s.header_len <= s.total_len);
+                prop_assert!(s.total_len <= b.len());
+            }
+        }
+
+        #[test]
+        fn summary_of_a_built_header(src in any::<u32>(), dst in any::<u32>(), proto in any::<u8>(),
+                                     ihl in 5u8..=15, payload in 0usize..64, pad in 0usize..8) {
+            let header_len = usize::from(ihl) * 4;
+            let total_len = header_len + payload;
+            let mut b = [0u8; 60 + 64 + 8];
+            b[0] = 0x40 | ihl;
+            b[2..4].copy_from_slice(&u16::try_from(total_len).unwrap().to_be_bytes());
+            b[9] = proto;
+            b[12..16].copy_from_slice(&src.to_be_bytes());
+            b[16..20].copy_from_slice(&dst.to_be_bytes());
+            let want = Ipv4Summary {
+                src: Ipv4Addr::from(src),
+                dst: Ipv4Addr::from(dst),
+                header_len,
+                total_len,
+                protocol: proto,
+            };
+            prop_assert_eq!(parse_summary(&b[..total_len + pad]), Ok(want));
+        }
+
+        #[test]
+        fn storing_the_checksum_makes_the_sum_zero(mut h in any::<[u8; 20]>()) {
+            h[10..12].fill(0);
+            let c = checksum(&h);
+            h[10..12].copy_from_slice(&c.to_be_bytes());
+            prop_assert_eq!(checksum(&h), 0);
+        }
+    }
+}

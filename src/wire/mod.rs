@@ -67,4 +67,27 @@ pub enum WireError {
     /// An IPv4 header that does not parse.
     #[error("bad IPv4 header: {0}")]
     BadIpv4(&'static str),
+    /// The 40 bytes in front of a UD receive do not hold the GRH layout the port uses.
+    #[error("bad GRH: {0}")]
+    BadGrh(&'static str),
+}
+
+/// The first `N` bytes of `b` as an array, or [`WireError::Truncated`] naming `what`.
+fn prefix<'a, const N: usize>(b: &'a [u8], what: &'static str) -> Result<&'a [u8; N], WireError> {
+    b.first_chunk::<N>().ok_or(WireError::Truncated {
+        what,
+        need: N,
+        got: b.len(),
+    })
+}
+
+/// The first `N` bytes of `out` as a mutable array, or [`WireError::Truncated`] naming
+/// `what` when `out` is too small to write into.
+fn prefix_mut<'a, const N: usize>(
+    out: &'a mut [u8],
+    what: &'static str,
+) -> Result<&'a mut [u8; N], WireError> {
+    let got = out.len();
+    out.first_chunk_mut::<N>()
+        .ok_or(WireError::Truncated { what, need: N, got })
 }
