@@ -6,3 +6,13 @@
 
 pub mod verbs;
 pub mod wire;
+pub mod config;
+pub mod datapath;
+pub mod ledger;
+pub mod napi;
+pub mod neigh;
+pub mod stats;
+pub mod control;
+pub mod daemon;
+pub mod poller;
+pub mod tap;

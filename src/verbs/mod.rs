@@ -20,6 +20,7 @@
 //!   for a negative return: the caller must not retry (see the supervisor);
 //! - work-request ids are opaque to the provider: it hands them back unchanged.
 
+pub mod fault;
 pub mod rdma;
 pub mod sim;
 

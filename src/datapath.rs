@@ -1,0 +1,995 @@
+//! One interface's datapath: an [`Endpoint`], its work-request [`Ledger`], its
+//! [`Neighbours`] and the translation between TAP Ethernet frames and IPoIB.
+//!
+//! An [`Interface`] is driven by the poller (`crate::poller`): it never reads a clock or
+//! waits; `now` comes in as an argument. Every packet that is not carried is counted in
+//! [`Stats`] under its [`DropReason`]. An [`Interface`] is moved by value: the poller
+//! owns it while it runs, and hands it whole to the supervisor when a poll fails.
+
+use std::io;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::{Config, Ipv4Cidr};
+use crate::ledger::{Ledger, Ring, SendMeta};
+use crate::neigh::{Learned, Neighbours};
+use crate::stats::{self, DropReason, Stats};
+use crate::verbs::{
+    AhHandle, Completion, CqKind, Dest, Endpoint, EndpointConfig, GRH_LEN, Gid, MULTICAST_QPN,
+    Provider, SendWr, VerbsError, WcStatus,
+};
+use crate::wire::arp::{self, EthArp, IpoibArp};
+use crate::wire::eth::{self, EthHeader, Mac, mac_for_gid, multicast_mac};
+use crate::wire::ipoib::{self, IpoibAddr};
+use crate::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6, WireError, grh, ipv4};
+
+/// How long a teardown waits for flush completions after moving the QP to error.
+pub const FLUSH_DEADLINE: Duration = Duration::from_millis(200);
+
+/// Frames in and out of the TAP. Implemented by the real TAP device and by test doubles.
+pub trait FrameIo: Send + Sync {
+    /// Read one Ethernet frame; `WouldBlock` when none is waiting.
+    fn read_frame(&self, buf: &mut [u8]) -> io::Result<usize>;
+    /// Write one Ethernet frame.
+    fn write_frame(&self, frame: &[u8]) -> io::Result<usize>;
+}
+
+/// What an interface needs to know besides its endpoint.
+#[derive(Clone, Debug)]
+pub struct Params {
+    /// Interface address and subnet.
+    pub addr: Ipv4Cidr,
+    /// IPoIB MTU (IP packet size); `None`: the port's active MTU minus 4.
+    pub mtu: Option<u32>,
+    /// Q_Key.
+    pub qkey: u32,
+    /// Broadcast group.
+    pub group: Gid,
+    /// Receive completions per poll.
+    pub budget: u32,
+    /// Completions per `poll_cq` call.
+    pub poll_batch: u32,
+    /// Frames read from the TAP per turn.
+    pub tx_batch: u32,
+    /// Endpoint to open.
+    pub endpoint: EndpointConfig,
+    /// Neighbour table capacity.
+    pub neigh_capacity: u32,
+    /// Neighbour max age.
+    pub neigh_max_age: Duration,
+}
+
+impl Params {
+    /// Parameters from a validated configuration.
+    pub fn from_config(c: &Config) -> Params {
+        Params {
+            addr: c.addr,
+            mtu: c.mtu,
+            qkey: c.qkey,
+            group: c.group,
+            budget: c.budget,
+            poll_batch: c.poll_batch,
+            tx_batch: c.tx_batch,
+            endpoint: EndpointConfig {
+                device: c.device.clone(),
+                port: c.port,
+                gid_index: c.gid_index,
+                qkey: c.qkey,
+                recv_slots: c.recv_ring,
+                send_slots: c.send_ring,
+                max_payload: c.mtu.map(|m| m + ipoib::HEADER_LEN as u32),
+            },
+            neigh_capacity: c.neigh_capacity,
+            neigh_max_age: c.neigh_max_age,
+        }
+    }
+}
+
+/// Why an interface could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The device refused.
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    /// The MTU asked for is more than the path carries.
+    #[error(
+        "invalid mtu: {asked} exceeds what the path can carry (port active MTU {port_mtu} - 4 = {max})"
+    )]
+    Mtu {
+        /// MTU asked for.
+        asked: u32,
+        /// The port's active MTU.
+        port_mtu: u32,
+        /// Largest IPoIB MTU.
+        max: u32,
+    },
+}
+
+/// Why an interface was torn down or failed; what the supervisor is told.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    /// A CQ poll failed. Never retried.
+    #[error("completion queue poll failed: {0}")]
+    PollFailed(VerbsError),
+    /// Another verb failed in a way the datapath cannot continue from.
+    #[error("verbs failure: {0}")]
+    Verbs(VerbsError),
+    /// A fatal asynchronous event.
+    #[error("fatal asynchronous event: {0:?}")]
+    AsyncFatal(crate::verbs::AsyncEvent),
+    /// The poller's own I/O (epoll) failed.
+    #[error("poller I/O failed: {0}")]
+    Io(io::Error),
+}
+
+/// Allows a bounded number of log lines per second (for peer-triggerable messages).
+#[derive(Debug)]
+pub struct RateLimit {
+    window: Option<Instant>,
+    used: u32,
+    per_sec: u32,
+    suppressed: u64,
+}
+
+impl RateLimit {
+    /// At most `per_sec` lines per second.
+    pub fn new(per_sec: u32) -> Self {
+        RateLimit {
+            window: None,
+            used: 0,
+            per_sec,
+            suppressed: 0,
+        }
+    }
+
+    /// Whether a line may be logged now.
+    pub fn allow(&mut self, now: Instant) -> bool {
+        match self.window {
+            Some(w) if now.saturating_duration_since(w) < Duration::from_secs(1) => {}
+            _ => {
+                self.window = Some(now);
+                self.used = 0;
+            }
+        }
+        if self.used < self.per_sec {
+            self.used += 1;
+            true
+        } else {
+            self.suppressed += 1;
+            false
+        }
+    }
+
+    /// Lines suppressed so far.
+    pub fn suppressed(&self) -> u64 {
+        self.suppressed
+    }
+}
+
+/// What a teardown found.
+#[derive(Debug, Clone)]
+pub struct Teardown {
+    /// Work requests reaped (their completion never came).
+    pub reaped: u64,
+    /// Destroy calls that failed.
+    pub errors: u64,
+    /// The ledger's verdict after the reap.
+    pub ledger: Result<(), String>,
+}
+
+/// One interface. See the module docs.
+pub struct Interface {
+    ep: Box<dyn Endpoint>,
+    ledger: Ledger,
+    neigh: Neighbours,
+    stats: Arc<Stats>,
+    addr: Ipv4Cidr,
+    mtu: usize,
+    qkey: u32,
+    group: Gid,
+    group_ah: AhHandle,
+    group_attached: bool,
+    own_hw: IpoibAddr,
+    own_mac: Mac,
+    budget: usize,
+    poll_batch: usize,
+    tx_batch: usize,
+    wc: Vec<Completion>,
+    frame: Vec<u8>,
+    chain: Vec<SendWr>,
+    chain_meta: Vec<SendMeta>,
+    destroy: Vec<AhHandle>,
+    log: RateLimit,
+}
+
+impl Interface {
+    /// Open the endpoint, join the broadcast group and post the receive ring.
+    pub fn open(
+        provider: &dyn Provider,
+        p: &Params,
+        stats: Arc<Stats>,
+        epoch: u16,
+    ) -> Result<Interface, OpenError> {
+        let mut ep = provider.open(&p.endpoint)?;
+        let a = ep.attrs().clone();
+        let max_mtu = a.max_payload.saturating_sub(ipoib::HEADER_LEN as u32);
+        let mtu = match p.mtu {
+            Some(m) if m > max_mtu => {
+                return Err(OpenError::Mtu {
+                    asked: m,
+                    port_mtu: a.port_mtu,
+                    max: a.port_mtu.saturating_sub(4),
+                });
+            }
+            Some(m) => m,
+            None => max_mtu,
+        };
+        let group_ah = ep.create_ah(&p.group)?;
+        ep.attach_mcast(&p.group)?;
+        let own_hw = IpoibAddr::new(a.qpn, a.gid);
+        let mut iface = Interface {
+            ledger: Ledger::new(epoch, a.recv_slots, a.send_slots),
+            neigh: Neighbours::new(p.neigh_capacity as usize, p.neigh_max_age),
+            stats,
+            addr: p.addr,
+            mtu: mtu as usize,
+            qkey: p.qkey,
+            group: p.group,
+            group_ah,
+            group_attached: true,
+            own_hw,
+            own_mac: mac_for_gid(&a.gid),
+            budget: p.budget as usize,
+            poll_batch: p.poll_batch.max(1) as usize,
+            tx_batch: p.tx_batch.max(1) as usize,
+            wc: vec![Completion::EMPTY; (p.poll_batch.max(1) as usize).max(a.send_slots as usize)],
+            frame: vec![0; eth::HEADER_LEN + mtu as usize + 64],
+            chain: Vec::with_capacity(a.send_slots as usize),
+            chain_meta: Vec::with_capacity(a.send_slots as usize),
+            destroy: Vec::new(),
+            log: RateLimit::new(10),
+            ep,
+        };
+        stats::add(&iface.stats.ah_created, 1);
+        stats::set(&iface.stats.qpn, u64::from(a.qpn));
+        stats::set(&iface.stats.mtu, mtu as u64);
+        stats::set(&iface.stats.recv_ring, u64::from(a.recv_slots));
+        stats::set(&iface.stats.send_ring, u64::from(a.send_slots));
+        iface.fill_recv()?;
+        tracing::info!(
+            device = %a.device, port = a.port, qpn = a.qpn, gid = %a.gid, gid_index = a.gid_index,
+            mtu, port_mtu = a.port_mtu, group = %p.group, epoch,
+            "interface open"
+        );
+        Ok(iface)
+    }
+
+    /// The endpoint (for registration with the poller).
+    pub fn endpoint_mut(&mut self) -> &mut dyn Endpoint {
+        self.ep.as_mut()
+    }
+
+    /// Own IPoIB address (QPN + GID).
+    pub fn hw_addr(&self) -> IpoibAddr {
+        self.own_hw
+    }
+
+    /// The MAC the TAP must carry.
+    pub fn mac(&self) -> Mac {
+        self.own_mac
+    }
+
+    /// The IPoIB MTU (the TAP's MTU).
+    pub fn mtu(&self) -> usize {
+        self.mtu
+    }
+
+    /// Receive completions per poll.
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
+    /// The ledger (for checks).
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// The neighbour table.
+    pub fn neighbours(&self) -> &Neighbours {
+        &self.neigh
+    }
+
+    /// Free send slots.
+    pub fn free_send_slots(&self) -> usize {
+        self.ledger.free_send()
+    }
+
+    fn sync_gauges(&self) {
+        let s = &self.stats;
+        stats::set(
+            &s.recv_outstanding,
+            self.ledger.totals(Ring::Recv).outstanding,
+        );
+        stats::set(
+            &s.send_outstanding,
+            self.ledger.totals(Ring::Send).outstanding,
+        );
+        stats::set(&s.neigh_entries, self.neigh.len() as u64);
+    }
+
+    /// Post every free receive slot.
+    pub fn fill_recv(&mut self) -> Result<usize, VerbsError> {
+        let mut n = 0;
+        while let Some(slot) = self.ledger.reserve_recv() {
+            let id = self.ledger.wr_id(Ring::Recv, slot);
+            if let Err(e) = self.ep.post_recv(id, slot) {
+                self.ledger.release(Ring::Recv, slot);
+                return Err(e);
+            }
+            self.ledger.posted_recv(slot);
+            n += 1;
+        }
+        stats::add(&self.stats.recv_posted, n as u64);
+        Ok(n)
+    }
+
+    /// Handle up to the budget of receive completions, writing packets to `tap`, and
+    /// re-post the receive ring. A failed poll is returned at once, never retried.
+    pub fn poll_rx(&mut self, tap: &dyn FrameIo, now: Instant) -> Result<usize, Failure> {
+        let mut done = 0;
+        while done < self.budget {
+            let want = self.poll_batch.min(self.budget - done);
+            let n = self
+                .ep
+                .poll_cq(CqKind::Recv, &mut self.wc[..want])
+                .map_err(Failure::PollFailed)?;
+            for i in 0..n {
+                let c = self.wc[i];
+                self.on_recv(c, tap, now);
+            }
+            done += n;
+            if n < want {
+                break;
+            }
+        }
+        if done > 0 {
+            self.fill_recv().map_err(Failure::Verbs)?;
+        }
+        Ok(done)
+    }
+
+    /// Reap send completions. Returns how many.
+    pub fn poll_tx(&mut self, now: Instant) -> Result<usize, Failure> {
+        let mut done = 0;
+        loop {
+            let want = self.wc.len();
+            let n = self
+                .ep
+                .poll_cq(CqKind::Send, &mut self.wc[..want])
+                .map_err(Failure::PollFailed)?;
+            for i in 0..n {
+                let c = self.wc[i];
+                self.on_send_done(c, now);
+            }
+            done += n;
+            if n < want {
+                break;
+            }
+        }
+        self.release_ahs();
+        if done > 0 {
+            self.sync_gauges();
+        }
+        Ok(done)
+    }
+
+    fn release_ahs(&mut self) {
+        while let Some(ah) = self.destroy.pop() {
+            match self.ep.destroy_ah(ah) {
+                Ok(()) => stats::add(&self.stats.ah_destroyed, 1),
+                Err(e) => {
+                    stats::add(&self.stats.teardown_errors, 1);
+                    tracing::warn!(error = %e, "destroying an address handle failed");
+                }
+            }
+        }
+    }
+
+    fn on_send_done(&mut self, c: Completion, now: Instant) {
+        let acc = match self.ledger.complete(c.wr_id, c.status) {
+            Ok(a) => a,
+            Err(e) => {
+                if self.log.allow(now) {
+                    tracing::warn!(error = %e, "send completion rejected by the ledger");
+                }
+                return;
+            }
+        };
+        let meta = acc.send.unwrap_or_default();
+        match c.status {
+            WcStatus::Success => {
+                stats::add(&self.stats.send_completed, 1);
+                stats::add(&self.stats.tx_packets, 1);
+                stats::add(&self.stats.tx_bytes, u64::from(meta.bytes));
+            }
+            WcStatus::Flushed => {
+                stats::add(&self.stats.send_flushed, 1);
+                self.stats.count_drop(DropReason::TxFlushed);
+            }
+            WcStatus::Error(code) => {
+                stats::add(&self.stats.send_completed, 1);
+                self.stats.count_drop(DropReason::TxCompletionError);
+                if self.log.allow(now) {
+                    tracing::warn!(status = code, "send completed with an error");
+                }
+            }
+        }
+        if let Some(ah) = meta.ah
+            && let Some(ah) = self.neigh.send_finished(ah)
+        {
+            self.destroy.push(ah);
+        }
+    }
+
+    fn on_recv(&mut self, c: Completion, tap: &dyn FrameIo, now: Instant) {
+        let slot = match self.ledger.complete(c.wr_id, c.status) {
+            Ok(a) => a.id.slot,
+            Err(e) => {
+                if self.log.allow(now) {
+                    tracing::warn!(error = %e, "receive completion rejected by the ledger");
+                }
+                return;
+            }
+        };
+        match c.status {
+            WcStatus::Success => {}
+            WcStatus::Flushed => {
+                stats::add(&self.stats.recv_flushed, 1);
+                return;
+            }
+            WcStatus::Error(code) => {
+                stats::add(&self.stats.recv_completed, 1);
+                self.stats.count_drop(DropReason::RxCompletionError);
+                if self.log.allow(now) {
+                    tracing::warn!(status = code, "receive completed with an error");
+                }
+                return;
+            }
+        }
+        stats::add(&self.stats.recv_completed, 1);
+        let len = (c.byte_len as usize).min(self.ep.attrs().max_payload as usize + GRH_LEN);
+        let kind = self.ep.attrs().grh_kind;
+        // Split borrows: the receive buffer lives in the endpoint, the frame scratch and
+        // the tables in other fields.
+        let buf = &self.ep.recv_buf(slot)[..len];
+        let r = rx_packet(
+            buf,
+            c,
+            kind,
+            &mut RxCtx {
+                neigh: &mut self.neigh,
+                stats: &self.stats,
+                own_hw: self.own_hw,
+                own_mac: self.own_mac,
+                addr: self.addr,
+                frame: &mut self.frame,
+                destroy: &mut self.destroy,
+                now,
+            },
+        );
+        match r {
+            Ok(Some(n)) => match tap.write_frame(&self.frame[..n]) {
+                Ok(_) => {
+                    stats::add(&self.stats.rx_packets, 1);
+                    stats::add(
+                        &self.stats.rx_bytes,
+                        n.saturating_sub(eth::HEADER_LEN) as u64,
+                    );
+                }
+                Err(e) => {
+                    self.stats.count_drop(DropReason::RxTapWrite);
+                    if self.log.allow(now) {
+                        tracing::warn!(error = %e, "writing a received frame to the TAP failed");
+                    }
+                }
+            },
+            Ok(None) => {}
+            Err(reason) => {
+                self.stats.count_drop(reason);
+                if self.log.allow(now) {
+                    tracing::debug!(reason = reason.name(), src_qp = c.src_qp, "receive dropped");
+                }
+            }
+        }
+    }
+
+    /// Read frames from the TAP while the send ring has room (at most one batch), and
+    /// post them as one chain. Returns frames taken from the TAP. `Ok` with the TAP
+    /// drained is signalled through `gate`.
+    pub fn tx_from_tap(
+        &mut self,
+        tap: &dyn FrameIo,
+        gate: &mut crate::napi::TxGate,
+        now: Instant,
+    ) -> Result<usize, Failure> {
+        let mut taken = 0;
+        while taken < self.tx_batch && gate.may_read(self.ledger.free_send()) {
+            let n = match tap.read_frame(&mut self.frame) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    gate.on_drained();
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // The TAP itself failing is not a verbs failure: count and stop this
+                    // turn; the loop will try again on the next readiness.
+                    gate.on_drained();
+                    if self.log.allow(now) {
+                        tracing::warn!(error = %e, "reading the TAP failed");
+                    }
+                    break;
+                }
+            };
+            taken += 1;
+            if let Err(reason) = self.tx_frame(n, now) {
+                self.stats.count_drop(reason);
+            }
+        }
+        self.flush_chain(now);
+        Ok(taken)
+    }
+
+    /// Translate the frame in `self.frame[..n]` into a send on the chain.
+    fn tx_frame(&mut self, n: usize, now: Instant) -> Result<(), DropReason> {
+        let (h, payload) = match eth::parse_frame(&self.frame[..n]) {
+            Ok(x) => x,
+            Err(WireError::Vlan) => return Err(DropReason::TxVlan),
+            Err(_) => return Err(DropReason::TxShort),
+        };
+        match h.ethertype {
+            ETHERTYPE_IPV4 => {
+                if payload.len() > self.mtu {
+                    return Err(DropReason::TxOversized);
+                }
+                let sum = ipv4::parse_summary(payload).map_err(|_| DropReason::TxBadIpv4)?;
+                let plen = payload.len();
+                let dest = if h.dst.is_multicast() {
+                    self.group_dest()
+                } else {
+                    match self.unicast_dest(&h.dst) {
+                        Ok(d) => d,
+                        Err(DropReason::TxNoNeighbour) => {
+                            self.resolve(sum.dst, now);
+                            return Err(DropReason::TxNoNeighbour);
+                        }
+                        Err(r) => return Err(r),
+                    }
+                };
+                let slot = self.ledger.reserve_send().ok_or(DropReason::TxPostFailed)?;
+                let sbuf = self.ep.send_buf(slot);
+                // The header cannot fail: the slot holds max_payload >= mtu + 4 bytes.
+                let _ = ipoib::emit_header(sbuf, ETHERTYPE_IPV4);
+                sbuf[ipoib::HEADER_LEN..ipoib::HEADER_LEN + plen]
+                    .copy_from_slice(&self.frame[eth::HEADER_LEN..eth::HEADER_LEN + plen]);
+                self.push_send(slot, plen, dest, false);
+                Ok(())
+            }
+            ETHERTYPE_ARP => {
+                let a = EthArp::parse(payload).map_err(|_| DropReason::TxBadArp)?;
+                self.tx_arp(&h, &a)
+            }
+            ETHERTYPE_IPV6 => Err(DropReason::TxIpv6),
+            _ => Err(DropReason::TxUnsupported),
+        }
+    }
+
+    fn tx_arp(&mut self, h: &EthHeader, a: &EthArp) -> Result<(), DropReason> {
+        let tha = if a.tha == self.own_mac {
+            self.own_hw
+        } else {
+            self.neigh
+                .by_mac(&a.tha)
+                .map(|p| p.hw)
+                .unwrap_or(IpoibAddr::ZERO)
+        };
+        if a.op == arp::OP_REPLY && tha.is_zero() {
+            return Err(DropReason::TxNoNeighbour);
+        }
+        let dest = if h.dst.is_multicast() {
+            self.group_dest()
+        } else {
+            match self.unicast_dest(&h.dst) {
+                Ok(d) => d,
+                // A unicast request (the kernel re-validating an entry) to a peer we
+                // lost: ask everyone instead.
+                Err(_) if a.op == arp::OP_REQUEST => self.group_dest(),
+                Err(r) => return Err(r),
+            }
+        };
+        let msg = IpoibArp {
+            op: a.op,
+            sha: self.own_hw,
+            spa: a.spa,
+            tha,
+            tpa: a.tpa,
+        };
+        self.push_arp(&msg, dest)
+    }
+
+    fn push_arp(&mut self, msg: &IpoibArp, dest: (Dest, Option<AhHandle>)) -> Result<(), DropReason> {
+        let slot = self.ledger.reserve_send().ok_or(DropReason::TxPostFailed)?;
+        let sbuf = self.ep.send_buf(slot);
+        let _ = ipoib::emit_header(sbuf, ETHERTYPE_ARP);
+        match msg.emit(&mut sbuf[ipoib::HEADER_LEN..]) {
+            Ok(n) => {
+                stats::add(&self.stats.arp_tx, 1);
+                self.push_send(slot, n, dest, true);
+                Ok(())
+            }
+            Err(_) => {
+                self.ledger.release(Ring::Send, slot);
+                Err(DropReason::TxBadArp)
+            }
+        }
+    }
+
+    /// Ask the broadcast group who has `ip` (rate-limited per address).
+    fn resolve(&mut self, ip: Ipv4Addr, now: Instant) {
+        if !self.neigh.should_resolve(ip, now) || self.ledger.free_send() == 0 {
+            return;
+        }
+        let msg = IpoibArp {
+            op: arp::OP_REQUEST,
+            sha: self.own_hw,
+            spa: self.addr.addr,
+            tha: IpoibAddr::ZERO,
+            tpa: ip,
+        };
+        let dest = self.group_dest();
+        if self.push_arp(&msg, dest).is_ok() {
+            stats::add(&self.stats.neigh_resolves, 1);
+        }
+    }
+
+    /// Announce this interface's address (gratuitous ARP to the broadcast group).
+    pub fn announce(&mut self, now: Instant) {
+        let msg = IpoibArp {
+            op: arp::OP_REQUEST,
+            sha: self.own_hw,
+            spa: self.addr.addr,
+            tha: IpoibAddr::ZERO,
+            tpa: self.addr.addr,
+        };
+        let dest = self.group_dest();
+        if let Err(r) = self.push_arp(&msg, dest) {
+            self.stats.count_drop(r);
+        }
+        self.flush_chain(now);
+    }
+
+    fn group_dest(&self) -> (Dest, Option<AhHandle>) {
+        (
+            Dest {
+                ah: self.group_ah,
+                qpn: MULTICAST_QPN,
+                qkey: self.qkey,
+            },
+            None,
+        )
+    }
+
+    fn unicast_dest(&mut self, mac: &Mac) -> Result<(Dest, Option<AhHandle>), DropReason> {
+        let peer = *self.neigh.by_mac(mac).ok_or(DropReason::TxNoNeighbour)?;
+        let ah = match peer.ah {
+            Some(ah) => ah,
+            None => match self.ep.create_ah(&peer.hw.gid) {
+                Ok(ah) => {
+                    stats::add(&self.stats.ah_created, 1);
+                    self.neigh.set_ah(mac, ah);
+                    ah
+                }
+                Err(e) => {
+                    tracing::warn!(gid = %peer.hw.gid, error = %e, "creating an address handle failed");
+                    return Err(DropReason::TxAhFailed);
+                }
+            },
+        };
+        Ok((
+            Dest {
+                ah,
+                qpn: peer.hw.qpn,
+                qkey: self.qkey,
+            },
+            Some(ah),
+        ))
+    }
+
+    fn push_send(&mut self, slot: u32, payload: usize, dest: (Dest, Option<AhHandle>), arp: bool) {
+        self.chain.push(SendWr {
+            wr_id: self.ledger.wr_id(Ring::Send, slot),
+            slot,
+            len: (payload + ipoib::HEADER_LEN) as u32,
+            dest: dest.0,
+            signaled: true,
+        });
+        self.chain_meta.push(SendMeta {
+            ah: dest.1,
+            bytes: payload as u32,
+            arp,
+        });
+    }
+
+    /// Post the pending chain with one call.
+    fn flush_chain(&mut self, now: Instant) {
+        if self.chain.is_empty() {
+            return;
+        }
+        let posted = match self.ep.post_send(&self.chain) {
+            Ok(()) => self.chain.len(),
+            Err(e) => {
+                if self.log.allow(now) {
+                    tracing::warn!(error = %e, "posting sends failed");
+                }
+                e.posted
+            }
+        };
+        for (i, (wr, meta)) in self.chain.iter().zip(self.chain_meta.iter()).enumerate() {
+            if i < posted {
+                self.ledger.posted_send(wr.slot, *meta);
+                if let Some(ah) = meta.ah {
+                    self.neigh.send_started(ah);
+                }
+            } else {
+                self.ledger.release(Ring::Send, wr.slot);
+                self.stats.count_drop(DropReason::TxPostFailed);
+            }
+        }
+        stats::add(&self.stats.send_posted, posted as u64);
+        self.chain.clear();
+        self.chain_meta.clear();
+        self.sync_gauges();
+    }
+
+    /// Periodic work: age neighbours, destroy their idle AHs.
+    pub fn housekeeping(&mut self, now: Instant) {
+        let before = self.neigh.evicted();
+        self.neigh.expire(now, &mut self.destroy);
+        stats::add(&self.stats.neigh_evicted, self.neigh.evicted() - before);
+        self.release_ahs();
+        self.sync_gauges();
+    }
+
+    /// Tear down in order: QP to error, drain flushes (bounded by `deadline`), detach the
+    /// group, destroy AHs, destroy the endpoint, reap what never completed, check the
+    /// ledger. Never panics; failures are counted.
+    pub fn shutdown(mut self, deadline: Duration) -> Teardown {
+        let mut t = Teardown {
+            reaped: 0,
+            errors: 0,
+            ledger: Ok(()),
+        };
+        let start = Instant::now();
+        if let Err(e) = self.ep.set_qp_error() {
+            t.errors += 1;
+            tracing::warn!(error = %e, "moving the QP to the error state failed");
+        } else {
+            // Drain flush completions until everything posted is accounted for.
+            let sink = NullTap;
+            while self.outstanding() > 0 && start.elapsed() < deadline {
+                let rx = self.poll_rx_no_refill(&sink, Instant::now());
+                let tx = self.poll_tx(Instant::now());
+                match (rx, tx) {
+                    (Ok(0), Ok(0)) => std::thread::sleep(Duration::from_millis(1)),
+                    (Ok(_), Ok(_)) => {}
+                    _ => break,
+                }
+            }
+        }
+        if self.group_attached {
+            if let Err(e) = self.ep.detach_mcast(&self.group) {
+                t.errors += 1;
+                tracing::warn!(error = %e, "detaching the broadcast group failed");
+            }
+            self.group_attached = false;
+        }
+        // Every send is accounted for below (completed, flushed or reaped), so every AH
+        // can go.
+        let mut ahs = self.neigh.clear();
+        ahs.push(self.group_ah);
+        for ah in ahs {
+            match self.ep.destroy_ah(ah) {
+                Ok(()) => stats::add(&self.stats.ah_destroyed, 1),
+                Err(e) => {
+                    t.errors += 1;
+                    tracing::warn!(error = %e, "destroying an address handle failed");
+                }
+            }
+        }
+        // Sends reaped here never completed: whether they left is unknown, so each is
+        // counted as dropped with reason `reaped`.
+        for _ in self.ledger.reap_all() {
+            self.stats.count_drop(DropReason::TxReaped);
+        }
+        let r = self.ledger.totals(Ring::Recv).reaped + self.ledger.totals(Ring::Send).reaped;
+        t.reaped = r;
+        t.ledger = self.ledger.check();
+        stats::add(&self.stats.teardown_errors, t.errors);
+        self.sync_gauges();
+        drop(self.ep);
+        t
+    }
+
+    fn outstanding(&self) -> u64 {
+        self.ledger.totals(Ring::Recv).outstanding + self.ledger.totals(Ring::Send).outstanding
+    }
+
+    fn poll_rx_no_refill(&mut self, tap: &dyn FrameIo, now: Instant) -> Result<usize, Failure> {
+        let want = self.wc.len();
+        let n = self
+            .ep
+            .poll_cq(CqKind::Recv, &mut self.wc[..want])
+            .map_err(Failure::PollFailed)?;
+        for i in 0..n {
+            let c = self.wc[i];
+            self.on_recv(c, tap, now);
+        }
+        Ok(n)
+    }
+}
+
+/// A TAP that discards: used while draining flushes during a teardown.
+struct NullTap;
+
+impl FrameIo for NullTap {
+    fn read_frame(&self, _buf: &mut [u8]) -> io::Result<usize> {
+        Err(io::ErrorKind::WouldBlock.into())
+    }
+    fn write_frame(&self, frame: &[u8]) -> io::Result<usize> {
+        Ok(frame.len())
+    }
+}
+
+struct RxCtx<'a> {
+    neigh: &'a mut Neighbours,
+    stats: &'a Stats,
+    own_hw: IpoibAddr,
+    own_mac: Mac,
+    addr: Ipv4Cidr,
+    frame: &'a mut [u8],
+    destroy: &'a mut Vec<AhHandle>,
+    now: Instant,
+}
+
+/// Turn one UD receive (GRH + IPoIB header + payload) into an Ethernet frame in
+/// `cx.frame`. `Ok(Some(n))`: write `n` bytes to the TAP; `Ok(None)`: consumed (own
+/// loopback); `Err`: dropped for that reason.
+fn rx_packet(
+    buf: &[u8],
+    c: Completion,
+    kind: crate::verbs::GrhKind,
+    cx: &mut RxCtx<'_>,
+) -> Result<Option<usize>, DropReason> {
+    if buf.len() < GRH_LEN + ipoib::HEADER_LEN {
+        return Err(DropReason::RxShort);
+    }
+    let g = if c.has_grh {
+        Some(grh::parse(&buf[..GRH_LEN], kind).map_err(|_| DropReason::RxBadGrh)?)
+    } else {
+        None
+    };
+    let src_hw = g.map(|g| IpoibAddr::new(c.src_qp, g.sgid));
+    if src_hw.is_some_and(|h| h.qpn == cx.own_hw.qpn && h.gid == cx.own_hw.gid) {
+        stats::add(&cx.stats.rx_own_looped, 1);
+        return Ok(None);
+    }
+    let (ethertype, payload) = match ipoib::parse_header(&buf[GRH_LEN..]) {
+        Ok(x) => x,
+        Err(WireError::Truncated { .. }) => return Err(DropReason::RxShort),
+        Err(_) => return Err(DropReason::RxBadHeader),
+    };
+    match ethertype {
+        ETHERTYPE_ARP => {
+            let a = IpoibArp::parse(payload).map_err(|_| DropReason::RxBadArp)?;
+            stats::add(&cx.stats.arp_rx, 1);
+            if a.sha.gid == cx.own_hw.gid && a.sha.qpn == cx.own_hw.qpn {
+                stats::add(&cx.stats.rx_own_looped, 1);
+                return Ok(None);
+            }
+            if a.sha.is_zero() || a.sha.gid.is_multicast() || a.sha.gid.is_zero() {
+                return Err(DropReason::RxBadArp);
+            }
+            let (src_mac, learned) = cx.neigh.learn(Some(a.spa), a.sha, cx.now, cx.destroy);
+            match learned {
+                Learned::New => stats::add(&cx.stats.neigh_learned, 1),
+                Learned::QpnChanged { old_qpn } => {
+                    stats::add(&cx.stats.neigh_updated, 1);
+                    tracing::info!(ip = %a.spa, old_qpn, new_qpn = a.sha.qpn, "peer moved to a new QPN");
+                }
+                Learned::Refreshed => {}
+                Learned::Collision => return Err(DropReason::RxBadArp),
+            }
+            let tha = if a.tha.is_zero() {
+                Mac::ZERO
+            } else if a.tha.gid == cx.own_hw.gid {
+                cx.own_mac
+            } else {
+                mac_for_gid(&a.tha.gid)
+            };
+            let dst = if a.op == arp::OP_REQUEST {
+                Mac::BROADCAST
+            } else {
+                cx.own_mac
+            };
+            let e = EthArp {
+                op: a.op,
+                sha: src_mac,
+                spa: a.spa,
+                tha,
+                tpa: a.tpa,
+            };
+            let h = EthHeader {
+                dst,
+                src: src_mac,
+                ethertype: ETHERTYPE_ARP,
+            };
+            eth::emit_header(cx.frame, &h).map_err(|_| DropReason::RxShort)?;
+            let n = e
+                .emit(&mut cx.frame[eth::HEADER_LEN..])
+                .map_err(|_| DropReason::RxBadArp)?;
+            Ok(Some(eth::HEADER_LEN + n))
+        }
+        ETHERTYPE_IPV4 => {
+            let s = ipv4::parse_summary(payload).map_err(|_| DropReason::RxBadIpv4)?;
+            let payload = &payload[..s.total_len];
+            let src_mac = match (src_hw, g) {
+                (Some(hw), Some(g)) => {
+                    match cx.neigh.seen(hw, cx.now) {
+                        Some(Learned::QpnChanged { old_qpn }) => {
+                            stats::add(&cx.stats.neigh_updated, 1);
+                            tracing::info!(gid = %hw.gid, old_qpn, new_qpn = hw.qpn, "peer moved to a new QPN");
+                        }
+                        Some(_) | None => {}
+                    }
+                    mac_for_gid(&g.sgid)
+                }
+                _ => cx.neigh.by_ip(s.src).map(|(m, _)| m).unwrap_or(Mac::ZERO),
+            };
+            let via_group = g.is_some_and(|g| g.dgid.is_multicast());
+            let dst = if s.dst.is_multicast() {
+                multicast_mac(s.dst)
+            } else if via_group || s.dst.is_broadcast() || is_subnet_broadcast(&cx.addr, s.dst) {
+                Mac::BROADCAST
+            } else {
+                cx.own_mac
+            };
+            let total = eth::HEADER_LEN + payload.len();
+            if total > cx.frame.len() {
+                return Err(DropReason::RxShort);
+            }
+            let h = EthHeader {
+                dst,
+                src: src_mac,
+                ethertype: ETHERTYPE_IPV4,
+            };
+            eth::emit_header(cx.frame, &h).map_err(|_| DropReason::RxShort)?;
+            cx.frame[eth::HEADER_LEN..total].copy_from_slice(payload);
+            Ok(Some(total))
+        }
+        _ => Err(DropReason::RxUnsupported),
+    }
+}
+
+fn is_subnet_broadcast(net: &Ipv4Cidr, ip: Ipv4Addr) -> bool {
+    if net.prefix >= 31 {
+        return false;
+    }
+    let host_mask = u32::MAX >> net.prefix;
+    net.contains(ip) && u32::from(ip) & host_mask == host_mask
+}

@@ -1,0 +1,487 @@
+//! The work-request ledger: every receive and send slot is in exactly one state, and
+//! every work request posted is accounted for.
+//!
+//! A slot is `Free`, `Reserved` (being filled, not yet posted) or `Posted`. A work-request
+//! id carries its kind, the interface's epoch and its slot, so a completion can be
+//! checked against the slot it names. Conservation holds at every instant, per ring:
+//! `posted = completed + flushed + reaped + outstanding`, and `outstanding` equals the
+//! number of slots in the `Posted` state. [`Ledger::check`] verifies it; tests call it
+//! after every step.
+//!
+//! Pure bookkeeping: no verbs, no I/O, no clock.
+
+use crate::verbs::{AhHandle, WcStatus};
+
+/// Bit 63 of a WR id: set for sends (the kernel's IPoIB marks receives with a bit too).
+const SEND_BIT: u64 = 1 << 63;
+
+/// Which ring a work request belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ring {
+    /// Receive ring.
+    Recv,
+    /// Send ring.
+    Send,
+}
+
+/// Decoded work-request id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WrId {
+    /// Ring.
+    pub ring: Ring,
+    /// Epoch of the interface that posted it.
+    pub epoch: u16,
+    /// Slot index.
+    pub slot: u32,
+}
+
+impl WrId {
+    /// Encode as the 64-bit id handed to the provider.
+    pub fn encode(self) -> u64 {
+        let kind = if self.ring == Ring::Send { SEND_BIT } else { 0 };
+        kind | (u64::from(self.epoch) << 32) | u64::from(self.slot)
+    }
+
+    /// Decode a provider's id; `None` if bits that are always zero are set.
+    pub fn decode(id: u64) -> Option<WrId> {
+        if id & 0x7FFF_0000_0000_0000 != 0 {
+            return None;
+        }
+        Some(WrId {
+            ring: if id & SEND_BIT != 0 {
+                Ring::Send
+            } else {
+                Ring::Recv
+            },
+            epoch: ((id >> 32) & 0xFFFF) as u16,
+            slot: id as u32,
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotState {
+    Free,
+    Reserved,
+    Posted,
+}
+
+/// What a send slot carried, kept while it is posted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SendMeta {
+    /// The address handle the send used (its in-flight count is released on completion).
+    pub ah: Option<AhHandle>,
+    /// Payload bytes (IPoIB header excluded).
+    pub bytes: u32,
+    /// Whether it was an ARP message.
+    pub arp: bool,
+}
+
+/// Per-ring totals.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RingTotals {
+    /// Work requests posted.
+    pub posted: u64,
+    /// Completed with success or an error status.
+    pub completed: u64,
+    /// Completed as flushed.
+    pub flushed: u64,
+    /// Reaped without a completion (after a teardown).
+    pub reaped: u64,
+    /// Posted and not yet completed.
+    pub outstanding: u64,
+}
+
+impl RingTotals {
+    /// `posted == completed + flushed + reaped + outstanding`.
+    pub fn balanced(&self) -> bool {
+        self.posted == self.completed + self.flushed + self.reaped + self.outstanding
+    }
+}
+
+struct SlotRing {
+    state: Vec<SlotState>,
+    free: Vec<u32>,
+    totals: RingTotals,
+}
+
+impl SlotRing {
+    fn new(n: u32) -> Self {
+        SlotRing {
+            state: vec![SlotState::Free; n as usize],
+            // Pop from the end: hand out low slots first.
+            free: (0..n).rev().collect(),
+            totals: RingTotals::default(),
+        }
+    }
+
+    fn reserve(&mut self) -> Option<u32> {
+        let s = self.free.pop()?;
+        self.state[s as usize] = SlotState::Reserved;
+        Some(s)
+    }
+
+    fn release(&mut self, slot: u32) {
+        if self.state.get(slot as usize) == Some(&SlotState::Reserved) {
+            self.state[slot as usize] = SlotState::Free;
+            self.free.push(slot);
+        }
+    }
+
+    fn commit(&mut self, slot: u32) -> bool {
+        match self.state.get_mut(slot as usize) {
+            Some(st @ SlotState::Reserved) => {
+                *st = SlotState::Posted;
+                self.totals.posted += 1;
+                self.totals.outstanding += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn finish(&mut self, slot: u32, flushed: bool) -> bool {
+        match self.state.get_mut(slot as usize) {
+            Some(st @ SlotState::Posted) => {
+                *st = SlotState::Free;
+                self.free.push(slot);
+                self.totals.outstanding -= 1;
+                if flushed {
+                    self.totals.flushed += 1;
+                } else {
+                    self.totals.completed += 1;
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A completion the ledger accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Accepted {
+    /// The decoded id.
+    pub id: WrId,
+    /// For sends: what the slot carried.
+    pub send: Option<SendMeta>,
+}
+
+/// Why a completion was not accepted. Each is counted; none is delivered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Rejected {
+    /// The id does not decode or names a slot out of range.
+    #[error("completion with unknown work-request id {0:#x}")]
+    UnknownId(u64),
+    /// The id is from an earlier epoch (posted before a restart).
+    #[error("completion from stale epoch {got} (now {now})")]
+    StaleEpoch {
+        /// Epoch in the id.
+        got: u16,
+        /// Current epoch.
+        now: u16,
+    },
+    /// The slot was not posted (a duplicate completion).
+    #[error("completion for slot {0} that is not posted")]
+    NotPosted(u32),
+}
+
+/// The ledger for one interface epoch.
+pub struct Ledger {
+    epoch: u16,
+    recv: SlotRing,
+    send: SlotRing,
+    send_meta: Vec<SendMeta>,
+    rejected: u64,
+}
+
+impl Ledger {
+    /// A ledger for rings of these sizes, every slot free.
+    pub fn new(epoch: u16, recv_slots: u32, send_slots: u32) -> Self {
+        Ledger {
+            epoch,
+            recv: SlotRing::new(recv_slots),
+            send: SlotRing::new(send_slots),
+            send_meta: vec![SendMeta::default(); send_slots as usize],
+            rejected: 0,
+        }
+    }
+
+    /// The epoch stamped on new work requests.
+    pub fn epoch(&self) -> u16 {
+        self.epoch
+    }
+
+    /// Take a free receive slot to post.
+    pub fn reserve_recv(&mut self) -> Option<u32> {
+        self.recv.reserve()
+    }
+
+    /// Take a free send slot to fill.
+    pub fn reserve_send(&mut self) -> Option<u32> {
+        self.send.reserve()
+    }
+
+    /// Free send slots.
+    pub fn free_send(&self) -> usize {
+        self.send.free.len()
+    }
+
+    /// Free receive slots.
+    pub fn free_recv(&self) -> usize {
+        self.recv.free.len()
+    }
+
+    /// Give back a reserved slot that was not posted.
+    pub fn release(&mut self, ring: Ring, slot: u32) {
+        match ring {
+            Ring::Recv => self.recv.release(slot),
+            Ring::Send => self.send.release(slot),
+        }
+    }
+
+    /// The id a reserved slot is posted with.
+    pub fn wr_id(&self, ring: Ring, slot: u32) -> u64 {
+        WrId {
+            ring,
+            epoch: self.epoch,
+            slot,
+        }
+        .encode()
+    }
+
+    /// Record that a reserved receive slot was posted.
+    pub fn posted_recv(&mut self, slot: u32) {
+        let ok = self.recv.commit(slot);
+        debug_assert!(ok, "recv slot {slot} was not reserved");
+    }
+
+    /// Record that a reserved send slot was posted carrying `meta`.
+    pub fn posted_send(&mut self, slot: u32, meta: SendMeta) {
+        if self.send.commit(slot) {
+            self.send_meta[slot as usize] = meta;
+        } else {
+            debug_assert!(false, "send slot {slot} was not reserved");
+        }
+    }
+
+    /// Account for one completion. Anything not matching a posted slot of this epoch is
+    /// rejected (and counted), so it is never delivered.
+    pub fn complete(&mut self, wr_id: u64, status: WcStatus) -> Result<Accepted, Rejected> {
+        let r = self.complete_inner(wr_id, status);
+        if r.is_err() {
+            self.rejected += 1;
+        }
+        r
+    }
+
+    fn complete_inner(&mut self, wr_id: u64, status: WcStatus) -> Result<Accepted, Rejected> {
+        let id = WrId::decode(wr_id).ok_or(Rejected::UnknownId(wr_id))?;
+        if id.epoch != self.epoch {
+            return Err(Rejected::StaleEpoch {
+                got: id.epoch,
+                now: self.epoch,
+            });
+        }
+        let flushed = status == WcStatus::Flushed;
+        let ring = match id.ring {
+            Ring::Recv => &mut self.recv,
+            Ring::Send => &mut self.send,
+        };
+        if id.slot as usize >= ring.state.len() {
+            return Err(Rejected::UnknownId(wr_id));
+        }
+        if !ring.finish(id.slot, flushed) {
+            return Err(Rejected::NotPosted(id.slot));
+        }
+        let send = (id.ring == Ring::Send)
+            .then(|| std::mem::take(&mut self.send_meta[id.slot as usize]));
+        Ok(Accepted { id, send })
+    }
+
+    /// Totals of one ring.
+    pub fn totals(&self, ring: Ring) -> RingTotals {
+        match ring {
+            Ring::Recv => self.recv.totals,
+            Ring::Send => self.send.totals,
+        }
+    }
+
+    /// Completions rejected so far.
+    pub fn rejected(&self) -> u64 {
+        self.rejected
+    }
+
+    /// Mark every posted slot as reaped (its completion will never come) and return the
+    /// send metadata of the reaped sends. Used after the QP is destroyed.
+    pub fn reap_all(&mut self) -> Vec<SendMeta> {
+        let mut metas = Vec::new();
+        for (ring, is_send) in [(&mut self.recv, false), (&mut self.send, true)] {
+            for (i, st) in ring.state.iter_mut().enumerate() {
+                if *st == SlotState::Posted {
+                    *st = SlotState::Free;
+                    ring.free.push(i as u32);
+                    ring.totals.outstanding -= 1;
+                    ring.totals.reaped += 1;
+                    if is_send {
+                        metas.push(std::mem::take(&mut self.send_meta[i]));
+                    }
+                }
+            }
+        }
+        metas
+    }
+
+    /// Verify conservation and slot-state consistency for both rings.
+    pub fn check(&self) -> Result<(), String> {
+        for (name, ring) in [("recv", &self.recv), ("send", &self.send)] {
+            let t = ring.totals;
+            if !t.balanced() {
+                return Err(format!(
+                    "{name}: posted {} != completed {} + flushed {} + reaped {} + outstanding {}",
+                    t.posted, t.completed, t.flushed, t.reaped, t.outstanding
+                ));
+            }
+            let posted = ring
+                .state
+                .iter()
+                .filter(|s| **s == SlotState::Posted)
+                .count() as u64;
+            if posted != t.outstanding {
+                return Err(format!(
+                    "{name}: {posted} slots posted but {} outstanding",
+                    t.outstanding
+                ));
+            }
+            let free = ring
+                .state
+                .iter()
+                .filter(|s| **s == SlotState::Free)
+                .count();
+            if free != ring.free.len() {
+                return Err(format!(
+                    "{name}: {free} slots free but free list holds {}",
+                    ring.free.len()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn wr_id_round_trip() {
+        for ring in [Ring::Recv, Ring::Send] {
+            let id = WrId {
+                ring,
+                epoch: 0xBEEF,
+                slot: 12345,
+            };
+            assert_eq!(WrId::decode(id.encode()), Some(id));
+        }
+        assert_eq!(WrId::decode(1 << 50), None);
+    }
+
+    #[test]
+    fn post_complete_flush_reap_balance() {
+        let mut l = Ledger::new(3, 4, 2);
+        let mut ids = vec![];
+        while let Some(s) = l.reserve_recv() {
+            l.posted_recv(s);
+            ids.push(l.wr_id(Ring::Recv, s));
+        }
+        assert_eq!(ids.len(), 4);
+        l.check().unwrap();
+        let a = l.complete(ids[0], WcStatus::Success).unwrap();
+        assert_eq!(a.id.slot, 0);
+        l.complete(ids[1], WcStatus::Flushed).unwrap();
+        assert_eq!(
+            l.complete(ids[1], WcStatus::Success),
+            Err(Rejected::NotPosted(1))
+        );
+        let s = l.reserve_send().unwrap();
+        l.posted_send(
+            s,
+            SendMeta {
+                ah: Some(AhHandle(7)),
+                bytes: 100,
+                arp: false,
+            },
+        );
+        l.check().unwrap();
+        let reaped = l.reap_all();
+        assert_eq!(reaped.len(), 1);
+        assert_eq!(reaped[0].ah, Some(AhHandle(7)));
+        let t = l.totals(Ring::Recv);
+        assert_eq!((t.posted, t.completed, t.flushed, t.reaped, t.outstanding), (4, 1, 1, 2, 0));
+        assert_eq!(l.totals(Ring::Send).reaped, 1);
+        assert_eq!(l.rejected(), 1);
+        l.check().unwrap();
+        assert_eq!(l.free_recv(), 4);
+        assert_eq!(l.free_send(), 2);
+    }
+
+    #[test]
+    fn stale_epoch_and_garbage_rejected() {
+        let mut l = Ledger::new(2, 2, 2);
+        let s = l.reserve_recv().unwrap();
+        l.posted_recv(s);
+        let stale = WrId {
+            ring: Ring::Recv,
+            epoch: 1,
+            slot: s,
+        }
+        .encode();
+        assert_eq!(
+            l.complete(stale, WcStatus::Success),
+            Err(Rejected::StaleEpoch { got: 1, now: 2 })
+        );
+        let out_of_range = l.wr_id(Ring::Recv, 99);
+        assert!(matches!(
+            l.complete(out_of_range, WcStatus::Success),
+            Err(Rejected::UnknownId(_))
+        ));
+        l.check().unwrap();
+        assert_eq!(l.totals(Ring::Recv).outstanding, 1);
+    }
+
+    #[test]
+    fn release_returns_reserved_slot() {
+        let mut l = Ledger::new(0, 1, 1);
+        let s = l.reserve_send().unwrap();
+        assert!(l.reserve_send().is_none());
+        l.release(Ring::Send, s);
+        assert_eq!(l.free_send(), 1);
+        l.check().unwrap();
+        assert_eq!(l.totals(Ring::Send).posted, 0);
+    }
+
+    proptest! {
+        /// Any sequence of reserve/post/complete/flush/garbage/reap keeps the ledger
+        /// balanced.
+        #[test]
+        fn always_balanced(ops in proptest::collection::vec((0u8..6, any::<u64>()), 0..400)) {
+            let mut l = Ledger::new(5, 8, 8);
+            let mut posted: Vec<u64> = vec![];
+            for (op, x) in ops {
+                match op {
+                    0 => if let Some(s) = l.reserve_recv() { l.posted_recv(s); posted.push(l.wr_id(Ring::Recv, s)); },
+                    1 => if let Some(s) = l.reserve_send() { l.posted_send(s, SendMeta::default()); posted.push(l.wr_id(Ring::Send, s)); },
+                    2 | 3 => if !posted.is_empty() {
+                        let id = posted.swap_remove(x as usize % posted.len());
+                        let st = if op == 2 { WcStatus::Success } else { WcStatus::Flushed };
+                        prop_assert!(l.complete(id, st).is_ok());
+                    },
+                    4 => { let _ = l.complete(x, WcStatus::Success); },
+                    _ => { l.reap_all(); posted.clear(); },
+                }
+                prop_assert!(l.check().is_ok(), "{:?}", l.check());
+            }
+        }
+    }
+}

@@ -1,0 +1,411 @@
+//! Neighbours: IPv4 address → IPoIB hardware address (QPN + GID) → address handle.
+//!
+//! The TAP side speaks Ethernet, so each peer is also known by the locally administered
+//! MAC derived from its GID ([`crate::wire::eth::mac_for_gid`]). The MAC does not depend
+//! on the QPN, so when a peer restarts with a new QPN the kernel's ARP cache on the TAP
+//! stays valid and only this table changes.
+//!
+//! The table is bounded (least recently seen evicted), aged (`max_age`), learned from ARP
+//! (requests, replies, gratuitous) and refreshed by traffic. Address handles are created
+//! by the datapath on first use; an address handle whose peer is gone is destroyed only
+//! after the last send that used it has completed ([`Neighbours::send_finished`]).
+//!
+//! Pure: time comes in as an argument; verbs calls are returned as decisions.
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use crate::verbs::AhHandle;
+use crate::wire::eth::{Mac, mac_for_gid};
+use crate::wire::ipoib::IpoibAddr;
+
+/// How often an ARP request may be sent to re-resolve the same address.
+pub const RESOLVE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// One peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// Its IPoIB address (QPN and GID).
+    pub hw: IpoibAddr,
+    /// Address handle for its GID, once created.
+    pub ah: Option<AhHandle>,
+    /// Last time it was heard from.
+    pub last_seen: Instant,
+    /// Last IPv4 address learned for it.
+    pub ip: Option<Ipv4Addr>,
+}
+
+/// What [`Neighbours::learn`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Learned {
+    /// A new peer.
+    New,
+    /// Known peer, same address.
+    Refreshed,
+    /// Known peer (same GID) at a new QPN: it restarted.
+    QpnChanged {
+        /// The QPN it had.
+        old_qpn: u32,
+    },
+    /// A different GID maps to the same MAC (a hash collision for non-IPv4 GIDs): ignored.
+    Collision,
+}
+
+/// The neighbour table.
+pub struct Neighbours {
+    peers: HashMap<Mac, Peer>,
+    ips: HashMap<Ipv4Addr, Mac>,
+    inflight: HashMap<AhHandle, u32>,
+    retiring: Vec<AhHandle>,
+    resolving: HashMap<Ipv4Addr, Instant>,
+    capacity: usize,
+    max_age: Duration,
+    evicted: u64,
+}
+
+impl Neighbours {
+    /// An empty table.
+    pub fn new(capacity: usize, max_age: Duration) -> Self {
+        Neighbours {
+            peers: HashMap::with_capacity(capacity.min(4096)),
+            ips: HashMap::with_capacity(capacity.min(4096)),
+            inflight: HashMap::new(),
+            retiring: Vec::new(),
+            resolving: HashMap::new(),
+            capacity: capacity.max(1),
+            max_age,
+            evicted: 0,
+        }
+    }
+
+    /// Peers in the table.
+    pub fn len(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.peers.is_empty()
+    }
+
+    /// Peers evicted so far (aged or pushed out).
+    pub fn evicted(&self) -> u64 {
+        self.evicted
+    }
+
+    /// Learn (or refresh) `hw` as the address of `ip`. AHs that can be destroyed right
+    /// away (of an evicted peer with no send in flight) are pushed to `destroy`.
+    pub fn learn(
+        &mut self,
+        ip: Option<Ipv4Addr>,
+        hw: IpoibAddr,
+        now: Instant,
+        destroy: &mut Vec<AhHandle>,
+    ) -> (Mac, Learned) {
+        let mac = mac_for_gid(&hw.gid);
+        let learned = match self.peers.get_mut(&mac) {
+            Some(p) if p.hw.gid != hw.gid => return (mac, Learned::Collision),
+            Some(p) => {
+                p.last_seen = now;
+                let r = if p.hw.qpn != hw.qpn {
+                    Learned::QpnChanged { old_qpn: p.hw.qpn }
+                } else {
+                    Learned::Refreshed
+                };
+                p.hw = hw;
+                if ip.is_some() {
+                    p.ip = ip;
+                }
+                r
+            }
+            None => {
+                if self.peers.len() >= self.capacity {
+                    self.evict_oldest(destroy);
+                }
+                self.peers.insert(
+                    mac,
+                    Peer {
+                        hw,
+                        ah: None,
+                        last_seen: now,
+                        ip,
+                    },
+                );
+                Learned::New
+            }
+        };
+        if let Some(ip) = ip {
+            if let Some(old) = self.ips.insert(ip, mac)
+                && old != mac
+                && let Some(p) = self.peers.get_mut(&old)
+                && p.ip == Some(ip)
+            {
+                p.ip = None;
+            }
+            self.resolving.remove(&ip);
+        }
+        (mac, learned)
+    }
+
+    /// Refresh a known peer from received traffic (source GID and QPN). Unknown GIDs are
+    /// not added: traffic does not say which IPv4 address a peer owns.
+    pub fn seen(&mut self, hw: IpoibAddr, now: Instant) -> Option<Learned> {
+        let mac = mac_for_gid(&hw.gid);
+        let p = self.peers.get_mut(&mac)?;
+        if p.hw.gid != hw.gid {
+            return Some(Learned::Collision);
+        }
+        p.last_seen = now;
+        if p.hw.qpn != hw.qpn {
+            let old_qpn = p.hw.qpn;
+            p.hw.qpn = hw.qpn;
+            return Some(Learned::QpnChanged { old_qpn });
+        }
+        Some(Learned::Refreshed)
+    }
+
+    /// The peer behind a MAC.
+    pub fn by_mac(&self, mac: &Mac) -> Option<&Peer> {
+        self.peers.get(mac)
+    }
+
+    /// The peer owning an IPv4 address.
+    pub fn by_ip(&self, ip: Ipv4Addr) -> Option<(Mac, &Peer)> {
+        let mac = self.ips.get(&ip)?;
+        self.peers.get(mac).map(|p| (*mac, p))
+    }
+
+    /// Record the AH created for a peer.
+    pub fn set_ah(&mut self, mac: &Mac, ah: AhHandle) {
+        if let Some(p) = self.peers.get_mut(mac) {
+            p.ah = Some(ah);
+        }
+    }
+
+    /// A send using `ah` was posted.
+    pub fn send_started(&mut self, ah: AhHandle) {
+        *self.inflight.entry(ah).or_insert(0) += 1;
+    }
+
+    /// A send using `ah` completed (or was flushed or reaped). Returns the AH if it may now
+    /// be destroyed (its peer is gone and this was its last send).
+    pub fn send_finished(&mut self, ah: AhHandle) -> Option<AhHandle> {
+        let n = self.inflight.get_mut(&ah)?;
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            self.inflight.remove(&ah);
+            if let Some(i) = self.retiring.iter().position(|a| *a == ah) {
+                self.retiring.swap_remove(i);
+                return Some(ah);
+            }
+        }
+        None
+    }
+
+    /// AHs waiting for their last send to complete.
+    pub fn retiring(&self) -> usize {
+        self.retiring.len()
+    }
+
+    /// Whether an ARP request for `ip` may be sent now (at most one per
+    /// [`RESOLVE_INTERVAL`] per address); records it if so.
+    pub fn should_resolve(&mut self, ip: Ipv4Addr, now: Instant) -> bool {
+        match self.resolving.get(&ip) {
+            Some(t) if now.saturating_duration_since(*t) < RESOLVE_INTERVAL => false,
+            _ => {
+                if self.resolving.len() >= self.capacity {
+                    self.resolving
+                        .retain(|_, t| now.saturating_duration_since(*t) < RESOLVE_INTERVAL);
+                    if self.resolving.len() >= self.capacity {
+                        return false;
+                    }
+                }
+                self.resolving.insert(ip, now);
+                true
+            }
+        }
+    }
+
+    fn retire(&mut self, ah: AhHandle, destroy: &mut Vec<AhHandle>) {
+        if self.inflight.get(&ah).copied().unwrap_or(0) == 0 {
+            destroy.push(ah);
+        } else {
+            self.retiring.push(ah);
+        }
+    }
+
+    fn remove(&mut self, mac: Mac, destroy: &mut Vec<AhHandle>) {
+        if let Some(p) = self.peers.remove(&mac) {
+            if let Some(ip) = p.ip
+                && self.ips.get(&ip) == Some(&mac)
+            {
+                self.ips.remove(&ip);
+            }
+            if let Some(ah) = p.ah {
+                self.retire(ah, destroy);
+            }
+            self.evicted += 1;
+        }
+    }
+
+    fn evict_oldest(&mut self, destroy: &mut Vec<AhHandle>) {
+        if let Some(mac) = self
+            .peers
+            .iter()
+            .min_by_key(|(_, p)| p.last_seen)
+            .map(|(m, _)| *m)
+        {
+            self.remove(mac, destroy);
+        }
+    }
+
+    /// Drop peers not heard from for `max_age`; AHs free to destroy go to `destroy`.
+    pub fn expire(&mut self, now: Instant, destroy: &mut Vec<AhHandle>) {
+        let max_age = self.max_age;
+        let old: Vec<Mac> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| now.saturating_duration_since(p.last_seen) >= max_age)
+            .map(|(m, _)| *m)
+            .collect();
+        for mac in old {
+            self.remove(mac, destroy);
+        }
+        self.resolving
+            .retain(|_, t| now.saturating_duration_since(*t) < RESOLVE_INTERVAL);
+    }
+
+    /// Empty the table for a teardown: every AH it knows (live or retiring) is returned.
+    /// The caller has already accounted for every send (completed, flushed or reaped).
+    pub fn clear(&mut self) -> Vec<AhHandle> {
+        let mut all: Vec<AhHandle> = self.peers.values().filter_map(|p| p.ah).collect();
+        all.append(&mut self.retiring);
+        self.peers.clear();
+        self.ips.clear();
+        self.inflight.clear();
+        self.resolving.clear();
+        all
+    }
+
+    /// Forget every AH (they were destroyed with their endpoint) but keep the peers: after
+    /// a rebuild, new AHs are created on first use.
+    pub fn forget_ahs(&mut self) {
+        for p in self.peers.values_mut() {
+            p.ah = None;
+        }
+        self.retiring.clear();
+        self.inflight.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verbs::Gid;
+
+    fn hw(last: u8, qpn: u32) -> IpoibAddr {
+        IpoibAddr::new(qpn, Gid::from_ipv4(Ipv4Addr::new(198, 18, 0, last)))
+    }
+
+    fn ip(last: u8) -> Ipv4Addr {
+        Ipv4Addr::new(198, 18, 1, last)
+    }
+
+    #[test]
+    fn learn_lookup_and_qpn_change() {
+        let t0 = Instant::now();
+        let mut n = Neighbours::new(8, Duration::from_secs(10));
+        let mut d = vec![];
+        let (mac, l) = n.learn(Some(ip(2)), hw(2, 17), t0, &mut d);
+        assert_eq!(l, Learned::New);
+        assert_eq!(n.by_mac(&mac).unwrap().hw.qpn, 17);
+        assert_eq!(n.by_ip(ip(2)).unwrap().0, mac);
+        assert_eq!(
+            n.learn(Some(ip(2)), hw(2, 17), t0, &mut d).1,
+            Learned::Refreshed
+        );
+        assert_eq!(
+            n.learn(Some(ip(2)), hw(2, 18), t0, &mut d).1,
+            Learned::QpnChanged { old_qpn: 17 }
+        );
+        assert_eq!(
+            n.seen(hw(2, 19), t0),
+            Some(Learned::QpnChanged { old_qpn: 18 })
+        );
+        assert_eq!(n.by_mac(&mac).unwrap().hw.qpn, 19);
+        assert_eq!(n.seen(hw(9, 1), t0), None, "traffic does not add peers");
+        assert!(d.is_empty());
+    }
+
+    #[test]
+    fn bounded_evicts_least_recent_and_retires_ah() {
+        let t0 = Instant::now();
+        let mut n = Neighbours::new(2, Duration::from_secs(10));
+        let mut d = vec![];
+        let (m1, _) = n.learn(Some(ip(1)), hw(1, 17), t0, &mut d);
+        n.set_ah(&m1, AhHandle(1));
+        n.send_started(AhHandle(1));
+        n.learn(Some(ip(2)), hw(2, 17), t0 + Duration::from_secs(1), &mut d);
+        n.learn(Some(ip(3)), hw(3, 17), t0 + Duration::from_secs(2), &mut d);
+        assert_eq!(n.len(), 2);
+        assert!(n.by_mac(&m1).is_none());
+        assert!(n.by_ip(ip(1)).is_none());
+        assert!(d.is_empty(), "AH 1 still has a send in flight");
+        assert_eq!(n.retiring(), 1);
+        assert_eq!(n.send_finished(AhHandle(1)), Some(AhHandle(1)));
+        assert_eq!(n.retiring(), 0);
+        assert_eq!(n.evicted(), 1);
+    }
+
+    #[test]
+    fn aging_destroys_idle_ah_at_once() {
+        let t0 = Instant::now();
+        let mut n = Neighbours::new(8, Duration::from_secs(10));
+        let mut d = vec![];
+        let (m, _) = n.learn(Some(ip(1)), hw(1, 17), t0, &mut d);
+        n.set_ah(&m, AhHandle(4));
+        n.expire(t0 + Duration::from_secs(9), &mut d);
+        assert_eq!(n.len(), 1);
+        n.expire(t0 + Duration::from_secs(10), &mut d);
+        assert_eq!(n.len(), 0);
+        assert_eq!(d, vec![AhHandle(4)]);
+    }
+
+    #[test]
+    fn resolve_is_rate_limited() {
+        let t0 = Instant::now();
+        let mut n = Neighbours::new(8, Duration::from_secs(10));
+        assert!(n.should_resolve(ip(5), t0));
+        assert!(!n.should_resolve(ip(5), t0 + Duration::from_millis(500)));
+        assert!(n.should_resolve(ip(6), t0));
+        assert!(n.should_resolve(ip(5), t0 + RESOLVE_INTERVAL));
+    }
+
+    #[test]
+    fn ip_moves_between_peers() {
+        let t0 = Instant::now();
+        let mut n = Neighbours::new(8, Duration::from_secs(10));
+        let mut d = vec![];
+        let (m1, _) = n.learn(Some(ip(1)), hw(1, 17), t0, &mut d);
+        let (m2, _) = n.learn(Some(ip(1)), hw(2, 17), t0, &mut d);
+        assert_eq!(n.by_ip(ip(1)).unwrap().0, m2);
+        assert_eq!(n.by_mac(&m1).unwrap().ip, None);
+    }
+
+    #[test]
+    fn clear_returns_every_ah() {
+        let t0 = Instant::now();
+        let mut n = Neighbours::new(1, Duration::from_secs(10));
+        let mut d = vec![];
+        let (m1, _) = n.learn(Some(ip(1)), hw(1, 17), t0, &mut d);
+        n.set_ah(&m1, AhHandle(1));
+        n.send_started(AhHandle(1));
+        let (m2, _) = n.learn(Some(ip(2)), hw(2, 17), t0, &mut d);
+        n.set_ah(&m2, AhHandle(2));
+        let mut all = n.clear();
+        all.sort();
+        assert_eq!(all, vec![AhHandle(1), AhHandle(2)]);
+        assert!(n.is_empty());
+    }
+}

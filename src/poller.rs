@@ -1,0 +1,240 @@
+//! The poller: one thread per interface, a thin mio shell around [`Napi`] and [`TxGate`].
+//!
+//! It waits on the TAP fd, the completion channel, the async-event source and a waker;
+//! feeds events and poll results into the state machines; and does what they decide:
+//! poll within the budget, yield to TX, re-arm and poll once more, read the TAP while the
+//! send ring has room.
+//!
+//! The rule this module exists to keep: when a CQ poll fails, the poller does not retry
+//! and does not reschedule. It stops touching the verbs objects, deregisters, and moves
+//! the [`Interface`] by value into an [`Exit::Failed`] message to the supervisor. It
+//! cannot touch the interface again: it no longer owns it.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
+
+use crate::datapath::{Failure, Interface};
+use crate::napi::{Action, Napi, TxGate};
+use crate::stats;
+use crate::tap::TapDevice;
+use crate::verbs::{AsyncEvent, CqKind};
+
+const TAP: Token = Token(0);
+const CQ: Token = Token(1);
+const ASYNC: Token = Token(2);
+const WAKE: Token = Token(3);
+
+/// How often neighbours are aged when the loop is otherwise idle.
+pub const HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How a poller ended. Either way the interface comes back by value.
+pub enum Exit {
+    /// Asked to stop.
+    Stopped {
+        /// The interface name (TAP).
+        name: String,
+        /// The interface, intact.
+        iface: Box<Interface>,
+    },
+    /// A poll (or another verb) failed: the supervisor takes over.
+    Failed {
+        /// The interface name (TAP).
+        name: String,
+        /// The interface, as it was when the failure was seen.
+        iface: Box<Interface>,
+        /// Why.
+        cause: Failure,
+        /// When it was seen.
+        at: Instant,
+    },
+}
+
+/// A running poller.
+pub struct Poller {
+    waker: Arc<Waker>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Poller {
+    /// Start a poller thread owning `iface`. Its end is reported on `exits`.
+    pub fn spawn(
+        name: String,
+        mut iface: Interface,
+        tap: Arc<dyn TapDevice>,
+        exits: Sender<Exit>,
+    ) -> io::Result<Poller> {
+        let poll = Poll::new()?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
+        let fd = tap.raw_fd();
+        poll.registry()
+            .register(&mut SourceFd(&fd), TAP, Interest::READABLE)?;
+        iface
+            .endpoint_mut()
+            .register(poll.registry(), CQ, ASYNC)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("poll-{name}"))
+            .spawn(move || {
+                let exit = run(name, iface, tap.as_ref(), poll, &stop2);
+                // The receiver may be gone when the daemon is exiting; nothing to do then.
+                let _ = exits.send(exit);
+            })?;
+        Ok(Poller {
+            waker,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Ask the poller to stop; it reports [`Exit::Stopped`].
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Err(e) = self.waker.wake() {
+            tracing::warn!(error = %e, "waking the poller failed");
+        }
+    }
+
+    /// Wait for the thread to end.
+    pub fn join(mut self) {
+        if let Some(t) = self.thread.take()
+            && t.join().is_err()
+        {
+            tracing::error!("poller thread panicked");
+        }
+    }
+}
+
+fn run(
+    name: String,
+    mut iface: Interface,
+    tap: &dyn TapDevice,
+    mut poll: Poll,
+    stop: &AtomicBool,
+) -> Exit {
+    let mut napi = Napi::new(iface.budget());
+    let mut gate = TxGate::new();
+    let mut events = Events::with_capacity(64);
+    let mut next_hk = Instant::now() + HOUSEKEEPING_INTERVAL;
+    iface.announce(Instant::now());
+    let result: Result<(), Failure> = (|| {
+        loop {
+            let now = Instant::now();
+            let busy = napi.poll_due() || (gate.pending() && iface.free_send_slots() > 0);
+            let timeout = if busy {
+                Duration::ZERO
+            } else {
+                next_hk.saturating_duration_since(now)
+            };
+            match poll.poll(&mut events, Some(timeout)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Failure::Io(e)),
+            }
+            for ev in events.iter() {
+                match ev.token() {
+                    TAP => gate.on_readable(),
+                    CQ => {
+                        let (r, s) = iface
+                            .endpoint_mut()
+                            .take_cq_events()
+                            .map_err(Failure::Verbs)?;
+                        napi.on_events(r + s);
+                    }
+                    ASYNC => {
+                        while let Some(ev) = iface
+                            .endpoint_mut()
+                            .next_async_event()
+                            .map_err(Failure::Verbs)?
+                        {
+                            match ev {
+                                AsyncEvent::DeviceFatal
+                                | AsyncEvent::CqError
+                                | AsyncEvent::QpFatal
+                                | AsyncEvent::DeviceRemoved => {
+                                    return Err(Failure::AsyncFatal(ev));
+                                }
+                                AsyncEvent::PortDown => {
+                                    tracing::warn!(iface = %name, "port down")
+                                }
+                                AsyncEvent::PortUp => tracing::info!(iface = %name, "port up"),
+                                AsyncEvent::Other(n) => {
+                                    tracing::debug!(iface = %name, event = n, "async event")
+                                }
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if stop.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if napi.poll_due() {
+                let rx = iface.poll_rx(tap, now)?;
+                let tx = iface.poll_tx(now)?;
+                if napi.polled(rx, tx) == Action::ArmAndRecheck {
+                    let ep = iface.endpoint_mut();
+                    ep.req_notify(CqKind::Recv).map_err(Failure::Verbs)?;
+                    ep.req_notify(CqKind::Send).map_err(Failure::Verbs)?;
+                    let rx = iface.poll_rx(tap, now)?;
+                    let tx = iface.poll_tx(now)?;
+                    napi.polled(rx, tx);
+                }
+            }
+            // TX's turn. When the ring runs low, reap send completions first.
+            if gate.pending() && iface.free_send_slots() < iface.budget().min(32) {
+                iface.poll_tx(now)?;
+            }
+            iface.tx_from_tap(tap, &mut gate, now)?;
+            if now >= next_hk {
+                iface.housekeeping(now);
+                next_hk = now + HOUSEKEEPING_INTERVAL;
+            }
+            publish(&iface, &napi, &gate);
+        }
+    })();
+    publish(&iface, &napi, &gate);
+    if let Err(e) = iface.endpoint_mut().deregister(poll.registry()) {
+        tracing::debug!(error = %e, "deregistering the endpoint failed");
+    }
+    let fd = tap.raw_fd();
+    let _ = poll.registry().deregister(&mut SourceFd(&fd));
+    drop(poll);
+    match result {
+        Ok(()) => Exit::Stopped {
+            name,
+            iface: Box::new(iface),
+        },
+        Err(cause) => {
+            tracing::error!(iface = %name, %cause, "poller stopped: handing the interface to the supervisor");
+            Exit::Failed {
+                name,
+                iface: Box::new(iface),
+                cause,
+                at: Instant::now(),
+            }
+        }
+    }
+}
+
+fn publish(iface: &Interface, napi: &Napi, gate: &TxGate) {
+    let c = napi.counters();
+    let s = iface.stats();
+    stats::set(&s.polls, c.polls);
+    stats::set(&s.budget_exhausted, c.budget_exhausted);
+    stats::set(&s.rearms, c.rearms);
+    stats::set(&s.caught_after_rearm, c.caught_after_rearm);
+    stats::set(&s.cq_events, c.events);
+    stats::set(&s.spurious_events, c.spurious_events);
+    stats::set(&s.tx_backpressure, gate.backpressure());
+}

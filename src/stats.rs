@@ -1,0 +1,304 @@
+//! Per-interface counters, shared between the datapath (writer) and the control socket
+//! (reader) without locks: relaxed atomics, one writer thread.
+//!
+//! Every dropped packet is counted here under a [`DropReason`]; nothing is lost without a
+//! counter moving. A test asserts that every reason has a stable, unique name.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+/// Why a packet was dropped. The names are what `uipoib stats` prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(usize)]
+pub enum DropReason {
+    /// Receive shorter than GRH + IPoIB header.
+    RxShort,
+    /// Receive without a GRH (UD receives always have one here).
+    RxNoGrh,
+    /// GRH did not parse.
+    RxBadGrh,
+    /// IPoIB header did not parse (reserved bits set).
+    RxBadHeader,
+    /// IPoIB ARP did not parse or was not for IPv4.
+    RxBadArp,
+    /// IPv4 header did not parse.
+    RxBadIpv4,
+    /// EtherType not carried (IPv6, anything else).
+    RxUnsupported,
+    /// Receive completion with an error status.
+    RxCompletionError,
+    /// Writing the frame to the TAP failed.
+    RxTapWrite,
+    /// Frame from the TAP shorter than an Ethernet header.
+    TxShort,
+    /// VLAN-tagged frame from the TAP.
+    TxVlan,
+    /// IPv6 frame from the TAP (not carried until neighbour discovery is translated).
+    TxIpv6,
+    /// Another EtherType from the TAP.
+    TxUnsupported,
+    /// Frame payload larger than the IPoIB MTU.
+    TxOversized,
+    /// Ethernet ARP from the TAP that did not parse.
+    TxBadArp,
+    /// No neighbour for the destination MAC (an ARP request was sent to re-resolve it).
+    TxNoNeighbour,
+    /// The address handle for the destination could not be created.
+    TxAhFailed,
+    /// `ibv_post_send` refused the request.
+    TxPostFailed,
+    /// Send completion with an error status.
+    TxCompletionError,
+    /// Send flushed by a QP in the error state.
+    TxFlushed,
+    /// IPv4 frame from the TAP whose header did not parse.
+    TxBadIpv4,
+    /// Send reaped at teardown: its completion never came.
+    TxReaped,
+}
+
+impl DropReason {
+    /// Every reason, in counter order.
+    pub const ALL: [DropReason; 22] = [
+        DropReason::RxShort,
+        DropReason::RxNoGrh,
+        DropReason::RxBadGrh,
+        DropReason::RxBadHeader,
+        DropReason::RxBadArp,
+        DropReason::RxBadIpv4,
+        DropReason::RxUnsupported,
+        DropReason::RxCompletionError,
+        DropReason::RxTapWrite,
+        DropReason::TxShort,
+        DropReason::TxVlan,
+        DropReason::TxIpv6,
+        DropReason::TxUnsupported,
+        DropReason::TxOversized,
+        DropReason::TxBadArp,
+        DropReason::TxNoNeighbour,
+        DropReason::TxAhFailed,
+        DropReason::TxPostFailed,
+        DropReason::TxCompletionError,
+        DropReason::TxFlushed,
+        DropReason::TxBadIpv4,
+        DropReason::TxReaped,
+    ];
+
+    /// Stable name used in stats output.
+    pub fn name(self) -> &'static str {
+        match self {
+            DropReason::RxShort => "rx_short",
+            DropReason::RxNoGrh => "rx_no_grh",
+            DropReason::RxBadGrh => "rx_bad_grh",
+            DropReason::RxBadHeader => "rx_bad_header",
+            DropReason::RxBadArp => "rx_bad_arp",
+            DropReason::RxBadIpv4 => "rx_bad_ipv4",
+            DropReason::RxUnsupported => "rx_unsupported",
+            DropReason::RxCompletionError => "rx_completion_error",
+            DropReason::RxTapWrite => "rx_tap_write",
+            DropReason::TxShort => "tx_short",
+            DropReason::TxVlan => "tx_vlan",
+            DropReason::TxIpv6 => "tx_ipv6",
+            DropReason::TxUnsupported => "tx_unsupported",
+            DropReason::TxOversized => "tx_oversized",
+            DropReason::TxBadArp => "tx_bad_arp",
+            DropReason::TxNoNeighbour => "tx_no_neighbour",
+            DropReason::TxAhFailed => "tx_ah_failed",
+            DropReason::TxPostFailed => "tx_post_failed",
+            DropReason::TxCompletionError => "tx_completion_error",
+            DropReason::TxFlushed => "tx_flushed",
+            DropReason::TxBadIpv4 => "tx_bad_ipv4",
+            DropReason::TxReaped => "reaped",
+        }
+    }
+}
+
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+        /// The counters of one interface.
+        #[derive(Default, Debug)]
+        pub struct Stats {
+            $($(#[$doc])* pub $name: AtomicU64,)*
+            drops: [AtomicU64; DropReason::ALL.len()],
+        }
+
+        /// A point-in-time copy of [`Stats`], as `uipoib stats` shows it.
+        #[derive(Default, Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
+        pub struct Snapshot {
+            $($(#[$doc])* pub $name: u64,)*
+            /// Drops by reason (every reason present, zero included).
+            pub drops: std::collections::BTreeMap<String, u64>,
+        }
+
+        impl Stats {
+            /// Copy every counter.
+            pub fn snapshot(&self) -> Snapshot {
+                Snapshot {
+                    $($name: self.$name.load(Ordering::Relaxed),)*
+                    drops: DropReason::ALL
+                        .iter()
+                        .map(|r| (r.name().to_string(), self.drops[*r as usize].load(Ordering::Relaxed)))
+                        .collect(),
+                }
+            }
+        }
+
+        impl Snapshot {
+            /// `name value` lines, for humans.
+            pub fn to_text(&self) -> String {
+                let mut s = String::new();
+                $(let _ = writeln!(s, "{:<28} {}", stringify!($name), self.$name);)*
+                let _ = writeln!(s, "{:<28} {}", "drops_total", self.drops_total());
+                for (k, v) in &self.drops {
+                    if *v != 0 {
+                        let _ = writeln!(s, "  drop {:<23} {}", k, v);
+                    }
+                }
+                s
+            }
+        }
+    };
+}
+
+counters! {
+    /// Packets written to the TAP from the wire.
+    rx_packets,
+    /// Bytes of those packets (IP payload, without Ethernet or IPoIB headers).
+    rx_bytes,
+    /// Packets sent to the wire from the TAP (send completed successfully).
+    tx_packets,
+    /// Bytes of those packets (IPoIB payload).
+    tx_bytes,
+    /// ARP messages received from the wire.
+    arp_rx,
+    /// ARP messages sent to the wire.
+    arp_tx,
+    /// Own multicast packets looped back by the fabric and ignored.
+    rx_own_looped,
+    /// NAPI polls run.
+    polls,
+    /// Polls that used their whole budget and yielded.
+    budget_exhausted,
+    /// Times both CQs were re-armed.
+    rearms,
+    /// Polls after re-arming that found completions (the missed-event race, caught).
+    caught_after_rearm,
+    /// Completion events read from the channel.
+    cq_events,
+    /// Completion events that found nothing to poll.
+    spurious_events,
+    /// Times the TAP reader stopped because the send ring was full.
+    tx_backpressure,
+    /// Receive WRs posted.
+    recv_posted,
+    /// Receive WRs completed (any status but flushed).
+    recv_completed,
+    /// Receive WRs flushed.
+    recv_flushed,
+    /// Send WRs posted.
+    send_posted,
+    /// Send WRs completed (any status but flushed).
+    send_completed,
+    /// Send WRs flushed.
+    send_flushed,
+    /// Receive WRs outstanding now.
+    recv_outstanding,
+    /// Send WRs outstanding now.
+    send_outstanding,
+    /// Receive ring size.
+    recv_ring,
+    /// Send ring size.
+    send_ring,
+    /// Neighbours now in the table.
+    neigh_entries,
+    /// Neighbours learned.
+    neigh_learned,
+    /// Neighbours whose QPN or GID changed.
+    neigh_updated,
+    /// Neighbours evicted (aged out or table full).
+    neigh_evicted,
+    /// ARP requests sent to re-resolve an unknown destination.
+    neigh_resolves,
+    /// Address handles created.
+    ah_created,
+    /// Address handles destroyed.
+    ah_destroyed,
+    /// Verbs destroy calls that failed (logged, never fatal).
+    teardown_errors,
+    /// The local QPN.
+    qpn,
+    /// The IPoIB MTU.
+    mtu,
+}
+
+impl Stats {
+    /// Count one drop.
+    pub fn count_drop(&self, reason: DropReason) {
+        self.drops[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Drops so far for one reason.
+    pub fn drops(&self, reason: DropReason) -> u64 {
+        self.drops[reason as usize].load(Ordering::Relaxed)
+    }
+}
+
+/// Shorthand: add to a counter.
+pub fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Shorthand: set a gauge.
+pub fn set(c: &AtomicU64, n: u64) {
+    c.store(n, Ordering::Relaxed);
+}
+
+/// Shorthand: read a counter.
+pub fn get(c: &AtomicU64) -> u64 {
+    c.load(Ordering::Relaxed)
+}
+
+impl Snapshot {
+    /// Sum of all drops.
+    pub fn drops_total(&self) -> u64 {
+        self.drops.values().sum()
+    }
+
+    /// Drops for one reason by name (0 if absent).
+    pub fn drop_count(&self, reason: DropReason) -> u64 {
+        self.drops.get(reason.name()).copied().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reason_names_are_unique_and_ordered() {
+        let mut names = std::collections::HashSet::new();
+        for (i, r) in DropReason::ALL.iter().enumerate() {
+            assert_eq!(*r as usize, i, "{r:?} out of order");
+            assert!(names.insert(r.name()), "duplicate name {}", r.name());
+        }
+    }
+
+    #[test]
+    fn drops_show_in_snapshot() {
+        let s = Stats::default();
+        s.count_drop(DropReason::TxIpv6);
+        s.count_drop(DropReason::TxIpv6);
+        add(&s.rx_packets, 3);
+        let snap = s.snapshot();
+        assert_eq!(snap.drop_count(DropReason::TxIpv6), 2);
+        assert_eq!(snap.drops_total(), 2);
+        assert_eq!(snap.rx_packets, 3);
+        let text = snap.to_text();
+        assert!(text.contains("tx_ipv6"), "{text}");
+        let json = serde_json::to_string(&snap).unwrap();
+        let back: Snapshot = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, snap);
+    }
+}

@@ -1,0 +1,231 @@
+//! Shared test helpers: a TAP double, frame builders, a pair of interfaces on a
+//! simulated fabric.
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixDatagram;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use uipoib::config::{DEFAULT_GROUP, DEFAULT_QKEY, Ipv4Cidr};
+use uipoib::datapath::{FrameIo, Interface, Params};
+use uipoib::napi::TxGate;
+use uipoib::stats::Stats;
+use uipoib::tap::TapDevice;
+use uipoib::verbs::sim::SimFabric;
+use uipoib::verbs::{EndpointConfig, Gid, Provider};
+use uipoib::wire::arp::{self, EthArp};
+use uipoib::wire::eth::{self, EthHeader, Mac};
+use uipoib::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ipv4};
+
+/// A TAP double: frames to be read are queued by the test; frames written are kept.
+#[derive(Default)]
+pub struct FakeTap {
+    inbound: Mutex<VecDeque<Vec<u8>>>,
+    written: Mutex<Vec<Vec<u8>>>,
+}
+
+impl FakeTap {
+    pub fn inject(&self, f: Vec<u8>) {
+        self.inbound.lock().unwrap().push_back(f);
+    }
+    pub fn pending(&self) -> usize {
+        self.inbound.lock().unwrap().len()
+    }
+    pub fn take_written(&self) -> Vec<Vec<u8>> {
+        std::mem::take(&mut *self.written.lock().unwrap())
+    }
+}
+
+impl FrameIo for FakeTap {
+    fn read_frame(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match self.inbound.lock().unwrap().pop_front() {
+            Some(f) => {
+                let n = f.len().min(buf.len());
+                buf[..n].copy_from_slice(&f[..n]);
+                Ok(n)
+            }
+            None => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+    fn write_frame(&self, frame: &[u8]) -> io::Result<usize> {
+        self.written.lock().unwrap().push(frame.to_vec());
+        Ok(frame.len())
+    }
+}
+
+/// A TAP double with a real descriptor (a datagram socket pair), for the poller.
+pub struct SockTap {
+    ours: UnixDatagram,
+    theirs: UnixDatagram,
+}
+
+impl SockTap {
+    pub fn new() -> Arc<SockTap> {
+        let (ours, theirs) = UnixDatagram::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        theirs
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        Arc::new(SockTap { ours, theirs })
+    }
+    /// The "kernel" sends a frame into the TAP.
+    pub fn inject(&self, f: &[u8]) {
+        self.theirs.send(f).unwrap();
+    }
+    /// The next frame the datapath wrote to the TAP, if any within 50 ms.
+    pub fn recv(&self) -> Option<Vec<u8>> {
+        let mut b = vec![0u8; 9000];
+        match self.theirs.recv(&mut b) {
+            Ok(n) => {
+                b.truncate(n);
+                Some(b)
+            }
+            Err(_) => None,
+        }
+    }
+}
+
+impl FrameIo for SockTap {
+    fn read_frame(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.ours.recv(buf)
+    }
+    fn write_frame(&self, frame: &[u8]) -> io::Result<usize> {
+        self.ours.send(frame)
+    }
+}
+
+impl TapDevice for SockTap {
+    fn raw_fd(&self) -> RawFd {
+        self.ours.as_raw_fd()
+    }
+}
+
+pub fn params(device: &str, addr: &str, recv: u32, send: u32) -> Params {
+    Params {
+        addr: addr.parse::<Ipv4Cidr>().unwrap(),
+        mtu: None,
+        qkey: DEFAULT_QKEY,
+        group: Gid::from_ipv4(DEFAULT_GROUP),
+        budget: 4.min(recv),
+        poll_batch: 2,
+        tx_batch: 32,
+        endpoint: EndpointConfig {
+            device: device.into(),
+            port: 1,
+            gid_index: None,
+            qkey: DEFAULT_QKEY,
+            recv_slots: recv,
+            send_slots: send,
+            max_payload: None,
+        },
+        neigh_capacity: 64,
+        neigh_max_age: Duration::from_secs(300),
+    }
+}
+
+pub fn fabric(mtu: u32) -> SimFabric {
+    let f = SimFabric::new();
+    f.add_device("sim0", Ipv4Addr::new(198, 18, 0, 1), mtu).unwrap();
+    f.add_device("sim1", Ipv4Addr::new(198, 18, 0, 2), mtu).unwrap();
+    f
+}
+
+/// Two interfaces (budget 4) on a fresh fabric.
+pub fn pair(mtu: u32, recv: u32, send: u32) -> (SimFabric, Interface, Interface) {
+    let f = fabric(mtu);
+    let a = open(&f, "sim0", "198.18.2.1/24", recv, send);
+    let b = open(&f, "sim1", "198.18.2.2/24", recv, send);
+    (f, a, b)
+}
+
+pub fn open(p: &dyn Provider, dev: &str, addr: &str, recv: u32, send: u32) -> Interface {
+    Interface::open(p, &params(dev, addr, recv, send), Arc::new(Stats::default()), 1).unwrap()
+}
+
+pub fn eth_arp(dst: Mac, op: u16, sha: Mac, spa: Ipv4Addr, tha: Mac, tpa: Ipv4Addr) -> Vec<u8> {
+    let mut f = vec![0u8; 14 + arp::ETH_ARP_LEN];
+    eth::emit_header(
+        &mut f,
+        &EthHeader {
+            dst,
+            src: sha,
+            ethertype: ETHERTYPE_ARP,
+        },
+    )
+    .unwrap();
+    EthArp {
+        op,
+        sha,
+        spa,
+        tha,
+        tpa,
+    }
+    .emit(&mut f[14..])
+    .unwrap();
+    f
+}
+
+pub fn arp_request(sha: Mac, spa: Ipv4Addr, tpa: Ipv4Addr) -> Vec<u8> {
+    eth_arp(Mac::BROADCAST, arp::OP_REQUEST, sha, spa, Mac::ZERO, tpa)
+}
+
+pub fn arp_reply(sha: Mac, spa: Ipv4Addr, tha: Mac, tpa: Ipv4Addr) -> Vec<u8> {
+    eth_arp(tha, arp::OP_REPLY, sha, spa, tha, tpa)
+}
+
+/// An Ethernet frame carrying a minimal IPv4/UDP-less packet (protocol 253) with
+/// `payload` after a 20-byte header with a correct checksum.
+pub fn ipv4_frame(dst: Mac, src: Mac, sip: Ipv4Addr, dip: Ipv4Addr, payload: &[u8]) -> Vec<u8> {
+    let total = 20 + payload.len();
+    let mut f = vec![0u8; 14 + total];
+    eth::emit_header(
+        &mut f,
+        &EthHeader {
+            dst,
+            src,
+            ethertype: ETHERTYPE_IPV4,
+        },
+    )
+    .unwrap();
+    let ip = &mut f[14..];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+    ip[8] = 64;
+    ip[9] = 253;
+    ip[12..16].copy_from_slice(&sip.octets());
+    ip[16..20].copy_from_slice(&dip.octets());
+    let c = ipv4::checksum(&ip[..20]);
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    ip[20..].copy_from_slice(payload);
+    f
+}
+
+/// Let A and B learn each other through an ARP exchange, step by step.
+pub fn introduce(
+    a: &mut Interface,
+    ta: &FakeTap,
+    b: &mut Interface,
+    tb: &FakeTap,
+    a_ip: Ipv4Addr,
+    b_ip: Ipv4Addr,
+) {
+    let now = Instant::now();
+    let mut g = TxGate::new();
+    ta.inject(arp_request(a.mac(), a_ip, b_ip));
+    a.tx_from_tap(ta, &mut g, now).unwrap();
+    b.poll_rx(tb, now).unwrap();
+    tb.take_written();
+    tb.inject(arp_reply(b.mac(), b_ip, a.mac(), a_ip));
+    let mut g = TxGate::new();
+    b.tx_from_tap(tb, &mut g, now).unwrap();
+    a.poll_rx(ta, now).unwrap();
+    ta.take_written();
+    a.poll_tx(now).unwrap();
+    b.poll_tx(now).unwrap();
+    assert!(a.neighbours().by_ip(b_ip).is_some());
+    assert!(b.neighbours().by_ip(a_ip).is_some());
+}
