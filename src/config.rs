@@ -299,7 +299,9 @@ pub fn check_ifname(key: &'static str, name: &str) -> Result<(), ConfigError> {
     } else {
         Err(ConfigError::Invalid {
             key,
-            why: format!("{name:?} is not a valid interface name (1-15 printable characters, no '/' or ':')"),
+            why: format!(
+                "{name:?} is not a valid interface name (1-15 printable characters, no '/' or ':')"
+            ),
         })
     }
 }
@@ -370,7 +372,9 @@ impl Config {
         if qkey & 0x8000_0000 != 0 {
             return Err(ConfigError::Invalid {
                 key: "qkey",
-                why: format!("{qkey:#x} has the high bit set (a controlled Q_Key, not allowed for UD sends)"),
+                why: format!(
+                    "{qkey:#x} has the high bit set (a controlled Q_Key, not allowed for UD sends)"
+                ),
             });
         }
         let group = match f.group {
@@ -441,26 +445,146 @@ mod tests {
     #[test]
     fn each_bad_value_names_its_key() {
         let cases: Vec<(FileConfig, &str)> = vec![
-            (FileConfig { addr: Some("198.18.1.1".into()), ..base() }, "addr"),
-            (FileConfig { addr: Some("198.18.1.999/24".into()), ..base() }, "addr"),
-            (FileConfig { addr: Some("198.18.1.1/33".into()), ..base() }, "addr"),
-            (FileConfig { addr: Some("224.0.0.1/24".into()), ..base() }, "addr"),
-            (FileConfig { addr: Some("198.18.1.1/31".into()), ..base() }, "addr"),
-            (FileConfig { mtu: Some(9000), ..base() }, "mtu"),
-            (FileConfig { mtu: Some(10), ..base() }, "mtu"),
-            (FileConfig { budget: Some(0), ..base() }, "budget"),
-            (FileConfig { budget: Some(100_000), ..base() }, "budget"),
-            (FileConfig { recv_ring: Some(300), ..base() }, "recv-ring"),
-            (FileConfig { send_ring: Some(1), ..base() }, "send-ring"),
-            (FileConfig { port: Some(0), ..base() }, "port"),
-            (FileConfig { qkey: Some(0x8000_0001), ..base() }, "qkey"),
-            (FileConfig { group: Some("198.18.0.1".into()), ..base() }, "group"),
-            (FileConfig { group: Some("nonsense".into()), ..base() }, "group"),
-            (FileConfig { tap: Some("a/b".into()), ..base() }, "tap"),
-            (FileConfig { tap: Some("waytoolonginterfacename".into()), ..base() }, "tap"),
-            (FileConfig { tap: None, ..base() }, "tap"),
-            (FileConfig { device: None, ..base() }, "device"),
-            (FileConfig { neigh_max_age_secs: Some(0), ..base() }, "neigh-max-age-secs"),
+            (
+                FileConfig {
+                    addr: Some("198.18.1.1".into()),
+                    ..base()
+                },
+                "addr",
+            ),
+            (
+                FileConfig {
+                    addr: Some("198.18.1.999/24".into()),
+                    ..base()
+                },
+                "addr",
+            ),
+            (
+                FileConfig {
+                    addr: Some("198.18.1.1/33".into()),
+                    ..base()
+                },
+                "addr",
+            ),
+            (
+                FileConfig {
+                    addr: Some("224.0.0.1/24".into()),
+                    ..base()
+                },
+                "addr",
+            ),
+            (
+                FileConfig {
+                    addr: Some("198.18.1.1/31".into()),
+                    ..base()
+                },
+                "addr",
+            ),
+            (
+                FileConfig {
+                    mtu: Some(9000),
+                    ..base()
+                },
+                "mtu",
+            ),
+            (
+                FileConfig {
+                    mtu: Some(10),
+                    ..base()
+                },
+                "mtu",
+            ),
+            (
+                FileConfig {
+                    budget: Some(0),
+                    ..base()
+                },
+                "budget",
+            ),
+            (
+                FileConfig {
+                    budget: Some(100_000),
+                    ..base()
+                },
+                "budget",
+            ),
+            (
+                FileConfig {
+                    recv_ring: Some(300),
+                    ..base()
+                },
+                "recv-ring",
+            ),
+            (
+                FileConfig {
+                    send_ring: Some(1),
+                    ..base()
+                },
+                "send-ring",
+            ),
+            (
+                FileConfig {
+                    port: Some(0),
+                    ..base()
+                },
+                "port",
+            ),
+            (
+                FileConfig {
+                    qkey: Some(0x8000_0001),
+                    ..base()
+                },
+                "qkey",
+            ),
+            (
+                FileConfig {
+                    group: Some("198.18.0.1".into()),
+                    ..base()
+                },
+                "group",
+            ),
+            (
+                FileConfig {
+                    group: Some("nonsense".into()),
+                    ..base()
+                },
+                "group",
+            ),
+            (
+                FileConfig {
+                    tap: Some("a/b".into()),
+                    ..base()
+                },
+                "tap",
+            ),
+            (
+                FileConfig {
+                    tap: Some("waytoolonginterfacename".into()),
+                    ..base()
+                },
+                "tap",
+            ),
+            (
+                FileConfig {
+                    tap: None,
+                    ..base()
+                },
+                "tap",
+            ),
+            (
+                FileConfig {
+                    device: None,
+                    ..base()
+                },
+                "device",
+            ),
+            (
+                FileConfig {
+                    neigh_max_age_secs: Some(0),
+                    ..base()
+                },
+                "neigh-max-age-secs",
+            ),
         ];
         for (cfg, key) in cases {
             match Config::from_file_config(cfg.clone()) {

@@ -43,7 +43,9 @@ pub enum ControlError {
         source: io::Error,
     },
     /// Nothing listens there.
-    #[error("no uipoib daemon is listening on {path} ({why}); is `uipoib up` running for that interface?")]
+    #[error(
+        "no uipoib daemon is listening on {path} ({why}); is `uipoib up` running for that interface?"
+    )]
     NotRunning {
         /// The socket path.
         path: PathBuf,
@@ -140,7 +142,8 @@ fn serve_client(stream: UnixStream, stats: &Stats, status: &Mutex<Status>) -> io
             return Ok(());
         }
         if line.len() > MAX_REQUEST {
-            let r = json!({"ok": false, "error": format!("request longer than {MAX_REQUEST} bytes")});
+            let r =
+                json!({"ok": false, "error": format!("request longer than {MAX_REQUEST} bytes")});
             writeln!(writer, "{r}")?;
             return Ok(());
         }
@@ -300,7 +303,8 @@ mod tests {
             assert_eq!(v["ok"], false, "{line}");
         }
         // A second server on the same path is refused while the first lives.
-        let again = ControlServer::start(&path, st.clone(), Arc::new(Mutex::new(Status::default())));
+        let again =
+            ControlServer::start(&path, st.clone(), Arc::new(Mutex::new(Status::default())));
         assert!(matches!(again, Err(ControlError::InUse(_))));
         // A client that connects and says nothing does not block others for long.
         let _idle = UnixStream::connect(&path).unwrap();
@@ -309,7 +313,10 @@ mod tests {
         assert!(t.elapsed() < CLIENT_TIMEOUT * 3);
         drop(srv);
         assert!(!path.exists());
-        assert!(matches!(request(&path, "ping"), Err(ControlError::NotRunning { .. })));
+        assert!(matches!(
+            request(&path, "ping"),
+            Err(ControlError::NotRunning { .. })
+        ));
     }
 
     #[test]

@@ -99,11 +99,12 @@ pub fn run(
     for spec in &specs {
         let c = &spec.config;
         let stats = Arc::new(Stats::default());
-        let iface = Interface::open(provider, &Params::from_config(c), stats.clone(), 1)
-            .map_err(|source| DaemonError::Open {
+        let iface = Interface::open(provider, &Params::from_config(c), stats.clone(), 1).map_err(
+            |source| DaemonError::Open {
                 tap: c.tap.clone(),
                 source,
-            })?;
+            },
+        )?;
         let tap = Arc::new(Tap::create(&c.tap)?);
         tap.configure(iface.mac(), iface.mtu(), c.addr, spec.netns.as_deref())?;
         let hw = iface.hw_addr();
@@ -121,12 +122,13 @@ pub fn run(
         let control = ControlServer::start(&c.control, stats.clone(), status.clone())?;
         tracing::info!(tap = %c.tap, addr = %c.addr, mac = %iface.mac(), mtu = iface.mtu(), control = %c.control.display(), "interface up");
         let dev: Arc<dyn TapDevice> = tap.clone();
-        let poller = Poller::spawn(c.tap.clone(), iface, dev, exit_tx.clone()).map_err(|source| {
-            DaemonError::Io {
-                what: "starting the poller",
-                source,
-            }
-        })?;
+        let poller =
+            Poller::spawn(c.tap.clone(), iface, dev, exit_tx.clone()).map_err(|source| {
+                DaemonError::Io {
+                    what: "starting the poller",
+                    source,
+                }
+            })?;
         running.push(Running {
             name: c.tap.clone(),
             poller: Some(poller),
@@ -138,11 +140,12 @@ pub fn run(
     }
 
     let (sig_tx, sig_rx) = unbounded::<i32>();
-    let mut signals =
-        signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).map_err(|source| DaemonError::Io {
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).map_err(|source| {
+        DaemonError::Io {
             what: "installing signal handlers",
             source,
-        })?;
+        }
+    })?;
     let sig_handle = signals.handle();
     let sig_thread = std::thread::spawn(move || {
         for s in signals.forever() {

@@ -623,7 +623,11 @@ impl Interface {
         self.push_arp(&msg, dest)
     }
 
-    fn push_arp(&mut self, msg: &IpoibArp, dest: (Dest, Option<AhHandle>)) -> Result<(), DropReason> {
+    fn push_arp(
+        &mut self,
+        msg: &IpoibArp,
+        dest: (Dest, Option<AhHandle>),
+    ) -> Result<(), DropReason> {
         let slot = self.ledger.reserve_send().ok_or(DropReason::TxPostFailed)?;
         let sbuf = self.ep.send_buf(slot);
         let _ = ipoib::emit_header(sbuf, ETHERTYPE_ARP);

@@ -294,8 +294,8 @@ impl Ledger {
         if !ring.finish(id.slot, flushed) {
             return Err(Rejected::NotPosted(id.slot));
         }
-        let send = (id.ring == Ring::Send)
-            .then(|| std::mem::take(&mut self.send_meta[id.slot as usize]));
+        let send =
+            (id.ring == Ring::Send).then(|| std::mem::take(&mut self.send_meta[id.slot as usize]));
         Ok(Accepted { id, send })
     }
 
@@ -353,11 +353,7 @@ impl Ledger {
                     t.outstanding
                 ));
             }
-            let free = ring
-                .state
-                .iter()
-                .filter(|s| **s == SlotState::Free)
-                .count();
+            let free = ring.state.iter().filter(|s| **s == SlotState::Free).count();
             if free != ring.free.len() {
                 return Err(format!(
                     "{name}: {free} slots free but free list holds {}",
@@ -418,7 +414,10 @@ mod tests {
         assert_eq!(reaped.len(), 1);
         assert_eq!(reaped[0].ah, Some(AhHandle(7)));
         let t = l.totals(Ring::Recv);
-        assert_eq!((t.posted, t.completed, t.flushed, t.reaped, t.outstanding), (4, 1, 1, 2, 0));
+        assert_eq!(
+            (t.posted, t.completed, t.flushed, t.reaped, t.outstanding),
+            (4, 1, 1, 2, 0)
+        );
         assert_eq!(l.totals(Ring::Send).reaped, 1);
         assert_eq!(l.rejected(), 1);
         l.check().unwrap();

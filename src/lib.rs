@@ -4,15 +4,15 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod verbs;
-pub mod wire;
 pub mod config;
+pub mod control;
+pub mod daemon;
 pub mod datapath;
 pub mod ledger;
 pub mod napi;
 pub mod neigh;
-pub mod stats;
-pub mod control;
-pub mod daemon;
 pub mod poller;
+pub mod stats;
 pub mod tap;
+pub mod verbs;
+pub mod wire;

@@ -133,6 +133,12 @@ struct SimPairArgs {
     /// Control socket of the second interface.
     #[arg(long)]
     control_b: Option<PathBuf>,
+    /// Control socket of the first interface (default /run/uipoib/<tap-a>.sock).
+    #[arg(long)]
+    control_a: Option<PathBuf>,
+    /// Control socket of the second interface.
+    #[arg(long)]
+    control_b: Option<PathBuf>,
     /// Simulated port MTU (256..4096).
     #[arg(long, default_value_t = 4096)]
     port_mtu: u32,
@@ -259,7 +265,10 @@ fn query(q: &QueryArgs, cmd: &str) -> ExitCode {
                 }
             } else if let Some(obj) = body.as_object() {
                 for (k, v) in obj {
-                    println!("{k:<14} {}", v.as_str().map(str::to_string).unwrap_or(v.to_string()));
+                    println!(
+                        "{k:<14} {}",
+                        v.as_str().map(str::to_string).unwrap_or(v.to_string())
+                    );
                 }
             }
             ExitCode::SUCCESS

@@ -76,9 +76,7 @@ impl Poller {
         let fd = tap.raw_fd();
         poll.registry()
             .register(&mut SourceFd(&fd), TAP, Interest::READABLE)?;
-        iface
-            .endpoint_mut()
-            .register(poll.registry(), CQ, ASYNC)?;
+        iface.endpoint_mut().register(poll.registry(), CQ, ASYNC)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()

@@ -21,7 +21,9 @@ use crate::wire::eth::Mac;
 #[derive(Debug, thiserror::Error)]
 pub enum TapError {
     /// Creating the device failed.
-    #[error("cannot create TAP device {name:?}: {source} (is /dev/net/tun present, and are you root?)")]
+    #[error(
+        "cannot create TAP device {name:?}: {source} (is /dev/net/tun present, and are you root?)"
+    )]
     Create {
         /// The name.
         name: String,
@@ -103,10 +105,7 @@ impl Tap {
                 &mtu.to_string(),
             ],
         )?;
-        self.ip(
-            netns,
-            &["addr", "replace", &addr.to_string(), "dev", &name],
-        )?;
+        self.ip(netns, &["addr", "replace", &addr.to_string(), "dev", &name])?;
         self.ip(netns, &["link", "set", "dev", &name, "up"])?;
         Ok(())
     }

@@ -36,7 +36,10 @@ impl Drop for Daemon {
 }
 
 fn run(cmd: &str, args: &[&str]) -> String {
-    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
     assert!(
         out.status.success(),
         "{cmd} {args:?} failed: {}{}",
@@ -63,7 +66,9 @@ fn missing_prerequisite() -> Option<String> {
         if Command::new(tool).arg("-V").output().is_err()
             && Command::new(tool).arg("--version").output().is_err()
         {
-            return Some(format!("{tool} is not installed (apt-get install iproute2 iperf3 iputils-ping)"));
+            return Some(format!(
+                "{tool} is not installed (apt-get install iproute2 iperf3 iputils-ping)"
+            ));
         }
     }
     None
@@ -95,7 +100,9 @@ fn wait_up(ns: &str, tap: &str) {
 fn iperf(ns_server: &str, ns_client: &str, server: Ipv4Addr, udp: bool) -> f64 {
     let port = if udp { "5212" } else { "5211" };
     let mut srv = Command::new("ip")
-        .args(["netns", "exec", ns_server, "iperf3", "-s", "-1", "-p", port, "-B"])
+        .args([
+            "netns", "exec", ns_server, "iperf3", "-s", "-1", "-p", port, "-B",
+        ])
         .arg(server.to_string())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -129,7 +136,10 @@ fn ping_and_iperf3_across_two_namespaces_over_the_simulated_fabric() {
         return;
     }
     let id = std::process::id() % 100_000;
-    let (na, nb) = (Netns::new(&format!("uipt-a-{id}")), Netns::new(&format!("uipt-b-{id}")));
+    let (na, nb) = (
+        Netns::new(&format!("uipt-a-{id}")),
+        Netns::new(&format!("uipt-b-{id}")),
+    );
     let (tap_a, tap_b) = (format!("uta{id}"), format!("utb{id}"));
     let dir = std::env::temp_dir().join(format!("uipoib-netns-{id}"));
     std::fs::create_dir_all(&dir).unwrap();
@@ -137,8 +147,10 @@ fn ping_and_iperf3_across_two_namespaces_over_the_simulated_fabric() {
     let child = Command::new(env!("CARGO_BIN_EXE_uipoib"))
         .args(["sim-pair", "--netns-a", &na.0, "--netns-b", &nb.0])
         .args(["--tap-a", &tap_a, "--tap-b", &tap_b])
-        .args(["--control-a"]).arg(&ctl_a)
-        .args(["--control-b"]).arg(&ctl_b)
+        .args(["--control-a"])
+        .arg(&ctl_a)
+        .args(["--control-b"])
+        .arg(&ctl_b)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -150,7 +162,10 @@ fn ping_and_iperf3_across_two_namespaces_over_the_simulated_fabric() {
     let a: Ipv4Addr = "198.18.2.1".parse().unwrap();
     let b: Ipv4Addr = "198.18.2.2".parse().unwrap();
     for (ns, dst) in [(&na.0, b), (&nb.0, a)] {
-        let o = ns_exec(ns, &["ping", "-c", "3", "-i", "0.2", "-W", "2", &dst.to_string()]);
+        let o = ns_exec(
+            ns,
+            &["ping", "-c", "3", "-i", "0.2", "-W", "2", &dst.to_string()],
+        );
         assert!(
             o.status.success(),
             "ping {dst} from {ns}: {}",
@@ -161,7 +176,11 @@ fn ping_and_iperf3_across_two_namespaces_over_the_simulated_fabric() {
     assert!(tcp > 1e6, "TCP through uipoib moved only {tcp} bit/s");
     let udp = iperf(&na.0, &nb.0, a, true);
     assert!(udp > 1e6, "UDP through uipoib moved only {udp} bit/s");
-    eprintln!("netns_sim: iperf3 TCP {:.1} Mbit/s, UDP {:.1} Mbit/s", tcp / 1e6, udp / 1e6);
+    eprintln!(
+        "netns_sim: iperf3 TCP {:.1} Mbit/s, UDP {:.1} Mbit/s",
+        tcp / 1e6,
+        udp / 1e6
+    );
 
     // Live counters through the control socket.
     let out = Command::new(env!("CARGO_BIN_EXE_uipoib"))
@@ -169,7 +188,11 @@ fn ping_and_iperf3_across_two_namespaces_over_the_simulated_fabric() {
         .arg(&ctl_a)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["rx_packets"].as_u64().unwrap() > 100, "{v}");
     assert!(v["polls"].as_u64().unwrap() > 0, "{v}");
@@ -187,7 +210,13 @@ fn ping_and_iperf3_across_two_namespaces_over_the_simulated_fabric() {
     };
     let mut stdout = String::new();
     use std::io::Read;
-    daemon.0.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    daemon
+        .0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
     assert!(status.success(), "exit {status:?}: {stdout}");
     assert_eq!(stdout.matches("ledger balanced").count(), 2, "{stdout}");
     assert!(!ctl_a.exists(), "control socket removed at exit");

@@ -82,13 +82,20 @@ fn traffic_flows_then_a_failed_poll_hands_the_interface_over() {
     switch.arm_poll_error(-5);
     // Traffic towards A makes its poller poll.
     tb.inject(&ipv4_frame(a_mac, b_mac, B_IP, A_IP, &[1; 10]));
-    let exit = rx.recv_timeout(Duration::from_secs(5)).expect("A's poller reported");
+    let exit = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("A's poller reported");
     let polls_after = switch.polls_after_failure();
     match exit {
-        Exit::Failed { name, iface, cause, .. } => {
+        Exit::Failed {
+            name, iface, cause, ..
+        } => {
             assert_eq!(name, "a");
             assert!(
-                matches!(cause, Failure::PollFailed(VerbsError::PollFailed { ret: -5, .. })),
+                matches!(
+                    cause,
+                    Failure::PollFailed(VerbsError::PollFailed { ret: -5, .. })
+                ),
                 "{cause:?}"
             );
             assert_eq!(polls_after, 0, "the poller retried a failed poll");
@@ -96,7 +103,11 @@ fn traffic_flows_then_a_failed_poll_hands_the_interface_over() {
             tb.inject(&ipv4_frame(a_mac, b_mac, B_IP, A_IP, &[2; 10]));
             std::thread::sleep(Duration::from_millis(200));
             assert_eq!(switch.polls_after_failure(), 0);
-            assert_eq!(switch.polls_failed(), 1, "exactly one failed poll, no retry");
+            assert_eq!(
+                switch.polls_failed(),
+                1,
+                "exactly one failed poll, no retry"
+            );
             switch.clear();
             let t = iface.shutdown(FLUSH_DEADLINE);
             t.ledger.expect("ledger balances after teardown");

@@ -102,7 +102,9 @@ impl Endpoint for FaultyEndpoint {
     }
     fn poll_cq(&mut self, cq: CqKind, out: &mut [Completion]) -> Result<usize, VerbsError> {
         if self.failed {
-            self.switch.polls_after_failure.fetch_add(1, Ordering::SeqCst);
+            self.switch
+                .polls_after_failure
+                .fetch_add(1, Ordering::SeqCst);
         }
         let ret = self.switch.poll_error.load(Ordering::SeqCst);
         if ret < 0 {

@@ -51,7 +51,9 @@ impl Gid {
     /// The IPv4 address of an IPv4-mapped GID, `None` for any other GID.
     pub fn as_ipv4(&self) -> Option<Ipv4Addr> {
         if self.0[..10].iter().all(|&b| b == 0) && self.0[10] == 0xff && self.0[11] == 0xff {
-            Some(Ipv4Addr::new(self.0[12], self.0[13], self.0[14], self.0[15]))
+            Some(Ipv4Addr::new(
+                self.0[12], self.0[13], self.0[14], self.0[15],
+            ))
         } else {
             None
         }

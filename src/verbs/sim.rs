@@ -26,7 +26,7 @@
 //! - a send whose Q_Key has the high bit set uses the sending QP's own Q_Key (IBA
 //!   10.2.5);
 //! - a CQ armed with `req_notify` raises exactly one event for the next completion and
-//!   wakes the registered [`mio::Waker`]; a completion on an unarmed CQ raises none
+//!   wakes the registered completion channel; a completion on an unarmed CQ raises none
 //!   (the missed-event race the poll loop closes by polling after arming);
 //! - a QP moved to the error state flushes every posted receive and every held send, in
 //!   posting order, and flushes everything posted afterwards.
@@ -63,8 +63,10 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::io;
+use std::io::{self, Read, Write};
 use std::net::Ipv4Addr;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -219,7 +221,7 @@ struct QpState {
     /// Events raised and not yet taken: `[recv, send]`.
     events: [u32; 2],
     /// Woken when an event is raised.
-    waker: Option<Arc<mio::Waker>>,
+    waker: Option<Arc<Notifier>>,
     /// Recycled packet buffers (capacity `GRH_LEN + max_payload`).
     pool: Vec<Vec<u8>>,
 }
@@ -314,7 +316,24 @@ fn cq_index(cq: CqKind) -> usize {
     }
 }
 
-fn wake(waker: Option<Arc<mio::Waker>>) {
+/// The simulated completion channel: a socket pair. The poller waits on the read end
+/// (like a completion channel fd); raising an event writes a byte to the write end.
+struct Notifier {
+    tx: UnixStream,
+}
+
+impl Notifier {
+    fn wake(&self) -> io::Result<()> {
+        match (&self.tx).write(&[1]) {
+            Ok(_) => Ok(()),
+            // Full: the reader has bytes pending already, so it will wake anyway.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn wake(waker: Option<Arc<Notifier>>) {
     if let Some(w) = waker
         && let Err(e) = w.wake()
     {
@@ -325,7 +344,7 @@ fn wake(waker: Option<Arc<mio::Waker>>) {
 impl QpState {
     /// A completion was queued on `cq`: raise its event if armed. Returns the waker to
     /// wake once the state lock is released.
-    fn completion_added(&mut self, cq: CqKind) -> Option<Arc<mio::Waker>> {
+    fn completion_added(&mut self, cq: CqKind) -> Option<Arc<Notifier>> {
         let i = cq_index(cq);
         if self.armed[i] {
             self.armed[i] = false;
@@ -650,6 +669,7 @@ impl Provider for SimFabric {
             groups: Vec::new(),
             polled: Vec::with_capacity(recv_slots),
             spare: Vec::with_capacity(recv_slots),
+            channel: None,
         }))
     }
 }
@@ -830,6 +850,8 @@ struct SimEndpoint {
     polled: Vec<RecvCqe>,
     /// Packet buffers of the last poll, returned to the pool by the next.
     spare: Vec<Vec<u8>>,
+    /// Read end of the simulated completion channel, while registered.
+    channel: Option<UnixStream>,
 }
 
 impl SimEndpoint {
@@ -1049,37 +1071,57 @@ impl Endpoint for SimEndpoint {
         Ok(())
     }
 
-    /// Creates a [`mio::Waker`] on `cq_token` that completion events wake. The simulated
-    /// fabric raises no asynchronous events, so nothing is registered for `async_token`.
-    ///
-    /// mio documents one `Waker` per `Poll`; a datapath that also has a control waker
-    /// has two. On Linux each `Waker` is its own eventfd under its own token, which
-    /// works; the real provider registers its completion-channel fd instead.
+    /// Registers the simulated completion channel (the read end of a socket pair) under
+    /// `cq_token`. The simulated fabric raises no asynchronous events, so nothing is
+    /// registered for `async_token`.
     fn register(
         &mut self,
         registry: &mio::Registry,
         cq_token: mio::Token,
         _async_token: mio::Token,
     ) -> io::Result<()> {
-        let waker = Arc::new(mio::Waker::new(registry, cq_token)?);
+        let (rx, tx) = UnixStream::pair()?;
+        rx.set_nonblocking(true)?;
+        tx.set_nonblocking(true)?;
+        registry.register(
+            &mut mio::unix::SourceFd(&rx.as_raw_fd()),
+            cq_token,
+            mio::Interest::READABLE,
+        )?;
+        let notifier = Arc::new(Notifier { tx });
         let mut st = lock(&self.qp.state);
         let pending = st.events != [0, 0];
-        st.waker = Some(Arc::clone(&waker));
+        st.waker = Some(Arc::clone(&notifier));
         drop(st);
+        self.channel = Some(rx);
         // Like a completion channel fd that already has events queued: readable at once.
         if pending {
-            waker.wake()?;
+            notifier.wake()?;
         }
         Ok(())
     }
 
-    /// Drops the waker (closing its eventfd removes it from the poll set).
-    fn deregister(&mut self, _registry: &mio::Registry) -> io::Result<()> {
+    /// Removes the channel from the poll set and closes it.
+    fn deregister(&mut self, registry: &mio::Registry) -> io::Result<()> {
         lock(&self.qp.state).waker = None;
+        if let Some(rx) = self.channel.take() {
+            registry.deregister(&mut mio::unix::SourceFd(&rx.as_raw_fd()))?;
+        }
         Ok(())
     }
 
     fn take_cq_events(&mut self) -> Result<(u32, u32), VerbsError> {
+        if let Some(rx) = &self.channel {
+            let mut buf = [0u8; 64];
+            loop {
+                match (&*rx).read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(_) => continue,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
+                }
+            }
+        }
         let [r, s] = std::mem::take(&mut lock(&self.qp.state).events);
         Ok((r, s))
     }

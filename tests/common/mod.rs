@@ -129,8 +129,10 @@ pub fn params(device: &str, addr: &str, recv: u32, send: u32) -> Params {
 
 pub fn fabric(mtu: u32) -> SimFabric {
     let f = SimFabric::new();
-    f.add_device("sim0", Ipv4Addr::new(198, 18, 0, 1), mtu).unwrap();
-    f.add_device("sim1", Ipv4Addr::new(198, 18, 0, 2), mtu).unwrap();
+    f.add_device("sim0", Ipv4Addr::new(198, 18, 0, 1), mtu)
+        .unwrap();
+    f.add_device("sim1", Ipv4Addr::new(198, 18, 0, 2), mtu)
+        .unwrap();
     f
 }
 
@@ -143,7 +145,13 @@ pub fn pair(mtu: u32, recv: u32, send: u32) -> (SimFabric, Interface, Interface)
 }
 
 pub fn open(p: &dyn Provider, dev: &str, addr: &str, recv: u32, send: u32) -> Interface {
-    Interface::open(p, &params(dev, addr, recv, send), Arc::new(Stats::default()), 1).unwrap()
+    Interface::open(
+        p,
+        &params(dev, addr, recv, send),
+        Arc::new(Stats::default()),
+        1,
+    )
+    .unwrap()
 }
 
 pub fn eth_arp(dst: Mac, op: u16, sha: Mac, spa: Ipv4Addr, tha: Mac, tpa: Ipv4Addr) -> Vec<u8> {
