@@ -1,0 +1,431 @@
+//! Lab checks of the real verbs provider's error paths and async events (rxe in the lab
+//! guests), through the crate's public API only.
+//!
+//! ```text
+//! verbs_checks --device rxe0 --mode errors
+//! verbs_checks --device rxe0 --mode port-events
+//! # meanwhile, after it printed READY:
+//! ip link set eth0 down; sleep 2; ip link set eth0 up
+//! ```
+//! `errors`: every misuse and impossible configuration comes back as the documented
+//! error; a send queue overrun reports a posted prefix whose completions all arrive
+//! (the count the ledger relies on); posts to a QP in the error state.
+//! `port-events`: PORT_ERR and PORT_ACTIVE arrive on the async fd (through mio) as
+//! `PortDown` / `PortUp`; opening while the port is down is `BadPort` naming the state;
+//! opening after it is up works. The last line says `RESULT ok` or `RESULT FAILED`.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use mio::{Events, Poll, Token};
+use uipoib::verbs::rdma::{RdmaEndpoint, RdmaProvider};
+use uipoib::verbs::{
+    AhHandle, AsyncEvent, Completion, CqKind, Dest, Endpoint, EndpointConfig, Gid, Provider,
+    SendWr, VerbsError, WcStatus,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    Errors,
+    PortEvents,
+}
+
+#[derive(Parser, Debug)]
+struct Args {
+    #[arg(long, default_value = "rxe0")]
+    device: String,
+    #[arg(long, value_enum)]
+    mode: Mode,
+    #[arg(long, default_value_t = 60)]
+    timeout_secs: u64,
+}
+
+const QKEY: u32 = 0x1111_1111;
+
+fn cfg(device: &str) -> EndpointConfig {
+    EndpointConfig {
+        device: device.to_string(),
+        port: 1,
+        gid_index: None,
+        qkey: QKEY,
+        recv_slots: 8,
+        send_slots: 8,
+        max_payload: None,
+    }
+}
+
+fn check(ok: bool, what: String, failures: &mut Vec<String>) {
+    println!("{} {what}", if ok { "ok  " } else { "FAIL" });
+    if !ok {
+        failures.push(what);
+    }
+}
+
+/// Poll `cq` until `want` completions arrived or `timeout` passed.
+fn collect(ep: &mut RdmaEndpoint, cq: CqKind, want: usize, timeout: Duration) -> Vec<Completion> {
+    let mut got = Vec::new();
+    let mut buf = [Completion::EMPTY; 16];
+    let until = Instant::now() + timeout;
+    while got.len() < want && Instant::now() < until {
+        match ep.poll_cq(cq, &mut buf) {
+            Ok(0) => std::thread::sleep(Duration::from_millis(2)),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => {
+                println!("poll_cq: {e}");
+                break;
+            }
+        }
+    }
+    // Anything beyond `want` is a miscount too: look once more.
+    std::thread::sleep(Duration::from_millis(50));
+    if let Ok(n) = ep.poll_cq(cq, &mut buf) {
+        got.extend_from_slice(&buf[..n]);
+    }
+    got
+}
+
+fn sends(dest: Dest, first_id: u64, n: u32, len: u32) -> Vec<SendWr> {
+    (0..n)
+        .map(|i| SendWr {
+            wr_id: first_id + u64::from(i),
+            slot: i,
+            len,
+            dest,
+            signaled: true,
+        })
+        .collect()
+}
+
+fn errors(p: &RdmaProvider, device: &str) -> Result<Vec<String>, String> {
+    let mut f = Vec::new();
+    let r = p.open(&cfg("uipoib-nosuch"));
+    let msg = r.err().map(|e| e.to_string()).unwrap_or_default();
+    check(
+        msg.contains("uipoib-nosuch") && msg.contains(device),
+        format!("unknown device -> NoDevice listing the real ones: {msg}"),
+        &mut f,
+    );
+    for port in [0u8, 2] {
+        let r = p.open(&EndpointConfig {
+            port,
+            ..cfg(device)
+        });
+        let ok = matches!(&r, Err(VerbsError::BadPort { .. }));
+        let msg = r.err().map(|e| e.to_string()).unwrap_or_default();
+        check(ok, format!("port {port} -> BadPort: {msg}"), &mut f);
+    }
+    let r = p.open(&EndpointConfig {
+        gid_index: Some(200),
+        ..cfg(device)
+    });
+    let ok = matches!(&r, Err(VerbsError::NoGid { .. }));
+    let msg = r.err().map(|e| e.to_string()).unwrap_or_default();
+    check(ok, format!("gid index 200 -> NoGid: {msg}"), &mut f);
+
+    let mut ep = p.open_endpoint(&cfg(device)).map_err(|e| e.to_string())?;
+    let mtu = ep.attrs().port_mtu;
+    let r = p.open(&EndpointConfig {
+        max_payload: Some(mtu + 1),
+        ..cfg(device)
+    });
+    let ok = matches!(&r, Err(VerbsError::Invalid { field: "mtu", .. }));
+    let msg = r.err().map(|e| e.to_string()).unwrap_or_default();
+    check(
+        ok,
+        format!("max_payload {} -> Invalid mtu: {msg}", mtu + 1),
+        &mut f,
+    );
+    match p.open(&EndpointConfig {
+        max_payload: Some(1024),
+        gid_index: Some(0),
+        ..cfg(device)
+    }) {
+        Ok(small) => check(
+            small.attrs().max_payload == 1024
+                && small.attrs().gid_index == 0
+                && small.recv_buf(0).len() == 1024 + 40,
+            format!(
+                "max_payload 1024, gid index 0 -> {:?} (recv slot {} bytes)",
+                small.attrs(),
+                small.recv_buf(0).len()
+            ),
+            &mut f,
+        ),
+        Err(e) => check(false, format!("max_payload 1024: {e}"), &mut f),
+    }
+
+    check(
+        matches!(
+            ep.post_recv(1, 8),
+            Err(VerbsError::Invalid { field: "slot", .. })
+        ),
+        "post_recv slot 8 of 8 -> Invalid slot".into(),
+        &mut f,
+    );
+    check(
+        ep.recv_buf(8).is_empty() && ep.send_buf(8).is_empty(),
+        "out-of-range buffers are empty".into(),
+        &mut f,
+    );
+    check(
+        matches!(ep.destroy_ah(AhHandle(3)), Err(VerbsError::UnknownAh(_))),
+        "destroy_ah unknown -> UnknownAh".into(),
+        &mut f,
+    );
+    let own: Gid = ep.attrs().gid;
+    check(
+        matches!(ep.attach_mcast(&own), Err(VerbsError::Invalid { .. })),
+        "attach_mcast of a unicast GID -> Invalid".into(),
+        &mut f,
+    );
+    let group: Gid = "::ffff:239.1.1.2".parse().map_err(|e| format!("{e}"))?;
+    check(
+        matches!(ep.detach_mcast(&group), Err(VerbsError::Invalid { .. })),
+        "detach_mcast of a group not attached -> Invalid".into(),
+        &mut f,
+    );
+    let ah = ep.create_ah(&own).map_err(|e| e.to_string())?;
+    let dest = Dest {
+        ah,
+        qpn: ep.attrs().qpn,
+        qkey: QKEY,
+    };
+    let bad_ah = Dest {
+        ah: AhHandle(99),
+        ..dest
+    };
+    let mut chain = sends(dest, 100, 3, 64);
+    chain[2].dest = bad_ah;
+    let r = ep.post_send(&chain);
+    check(
+        matches!(&r, Err(e) if e.posted == 0 && matches!(e.error, VerbsError::UnknownAh(_))),
+        format!("chain with an unknown AH -> nothing posted, UnknownAh: {r:?}"),
+        &mut f,
+    );
+    let big = sends(dest, 100, 1, mtu + 1);
+    let r = ep.post_send(&big);
+    check(
+        matches!(&r, Err(e) if e.posted == 0),
+        format!("send longer than max_payload -> rejected: {r:?}"),
+        &mut f,
+    );
+    let r = ep.post_send(&sends(dest, 100, 9, 64));
+    check(
+        matches!(&r, Err(e) if e.posted == 0),
+        format!("chain longer than the send queue -> rejected: {r:?}"),
+        &mut f,
+    );
+    check(
+        collect(&mut ep, CqKind::Send, 0, Duration::ZERO).is_empty(),
+        "no completion from rejected chains".into(),
+        &mut f,
+    );
+
+    // Overrun the send CQ (8) with two chains of 8 to ourselves (no receive posted: the
+    // receiver drops them) and no poll in between. The endpoint must post the first
+    // chain and refuse the second (ENOMEM, nothing posted), and exactly the posted WRs
+    // must complete (rxe alone accepts both and loses one completion to CQ overflow).
+    let first = ep.post_send(&sends(dest, 1000, 8, 64));
+    let second = ep.post_send(&sends(dest, 2000, 8, 2048));
+    let posted = |r: &Result<(), uipoib::verbs::PostSendError>, n: usize| match r {
+        Ok(()) => n,
+        Err(e) => e.posted,
+    };
+    let (a, b) = (posted(&first, 8), posted(&second, 8));
+    println!("overrun: first chain {first:?}, second chain {second:?} -> posted {a} + {b}");
+    check(
+        a == 8
+            && b == 0
+            && second
+                .as_ref()
+                .is_err_and(|e| e.error.to_string().contains("memory")),
+        format!("overrun: second chain refused with ENOMEM ({a} + {b} posted)"),
+        &mut f,
+    );
+    let got = collect(&mut ep, CqKind::Send, a + b, Duration::from_secs(5));
+    let ok_n = got.iter().filter(|c| c.status == WcStatus::Success).count();
+    let ids_ok = got.iter().all(|c| {
+        (1000..1000 + a as u64).contains(&c.wr_id) || (2000..2000 + b as u64).contains(&c.wr_id)
+    });
+    check(
+        got.len() == a + b && ok_n == a + b && ids_ok,
+        format!(
+            "overrun: {} completions ({ok_n} success) for {} posted WRs, \
+             ids in the posted prefixes: {ids_ok}",
+            got.len(),
+            a + b
+        ),
+        &mut f,
+    );
+    // Polled: room again. A chain of 8 where the limit cuts after 4 signalled sends.
+    let r = ep.post_send(&sends(dest, 4000, 4, 2048));
+    check(
+        r.is_ok(),
+        format!("after polling, a chain of 4 posts: {r:?}"),
+        &mut f,
+    );
+    let r = ep.post_send(&sends(dest, 5000, 8, 64));
+    check(
+        matches!(&r, Err(e) if e.posted == 4),
+        format!("with 4 in flight, a chain of 8 posts its first 4: {r:?}"),
+        &mut f,
+    );
+    let got = collect(&mut ep, CqKind::Send, 8, Duration::from_secs(5));
+    check(
+        got.len() == 8 && got.iter().all(|c| c.status == WcStatus::Success),
+        format!("{} of the 8 posted sends completed", got.len()),
+        &mut f,
+    );
+    let mut async_seen = Vec::new();
+    while let Ok(Some(ev)) = ep.next_async_event() {
+        async_seen.push(ev);
+    }
+    check(
+        async_seen.is_empty(),
+        format!("no async event (no CQ overflow): {async_seen:?}"),
+        &mut f,
+    );
+
+    // A receive ring, then the error state: posts still accepted? completions flushed?
+    for slot in 0..8 {
+        ep.post_recv(u64::from(slot), slot)
+            .map_err(|e| e.to_string())?;
+    }
+    ep.set_qp_error().map_err(|e| e.to_string())?;
+    let flushed = collect(&mut ep, CqKind::Recv, 8, Duration::from_secs(5));
+    check(
+        flushed.len() == 8 && flushed.iter().all(|c| c.status == WcStatus::Flushed),
+        format!("set_qp_error: {} of 8 receives flushed", flushed.len()),
+        &mut f,
+    );
+    let r = ep.post_send(&sends(dest, 3000, 2, 64));
+    let n = posted(&r, 2);
+    let got = collect(&mut ep, CqKind::Send, n, Duration::from_secs(5));
+    println!(
+        "post_send on an ERR QP: {r:?}; completions {:?}",
+        got.iter().map(|c| c.status).collect::<Vec<_>>()
+    );
+    check(
+        got.len() == n && got.iter().all(|c| c.status == WcStatus::Flushed),
+        format!("post_send on an ERR QP: {n} posted, {} flushed", got.len()),
+        &mut f,
+    );
+    let r = ep.post_recv(9, 0);
+    let got = collect(
+        &mut ep,
+        CqKind::Recv,
+        usize::from(r.is_ok()),
+        Duration::from_secs(5),
+    );
+    println!("post_recv on an ERR QP: {r:?}; completions {got:?}");
+    ep.destroy_ah(ah).map_err(|e| e.to_string())?;
+    ep.close().map_err(|e| e.to_string())?;
+    check(
+        p.teardown_errors() == 0,
+        format!("teardown_errors = {}", p.teardown_errors()),
+        &mut f,
+    );
+    Ok(f)
+}
+
+fn port_events(p: &RdmaProvider, device: &str, timeout: Duration) -> Result<Vec<String>, String> {
+    let mut f = Vec::new();
+    let mut ep = p.open_endpoint(&cfg(device)).map_err(|e| e.to_string())?;
+    let mut poll = Poll::new().map_err(|e| e.to_string())?;
+    let mut events = Events::with_capacity(4);
+    ep.register(poll.registry(), Token(0), Token(1))
+        .map_err(|e| e.to_string())?;
+    println!("READY qpn={}", ep.attrs().qpn);
+    let until = Instant::now() + timeout;
+    let mut seen = Vec::new();
+    let mut down_open = None;
+    while !seen.contains(&AsyncEvent::PortUp) && Instant::now() < until {
+        poll.poll(&mut events, Some(Duration::from_millis(200)))
+            .map_err(|e| e.to_string())?;
+        let readable = events.iter().any(|e| e.token() == Token(1));
+        // Drain until None, readable or not (mio is edge-triggered).
+        while let Some(ev) = ep.next_async_event().map_err(|e| e.to_string())? {
+            println!("async event: {ev:?} (fd readable: {readable})");
+            seen.push(ev);
+            if ev == AsyncEvent::PortDown && down_open.is_none() {
+                let r = p.open(&cfg(device));
+                let msg = r.err().map(|e| e.to_string()).unwrap_or_default();
+                println!("open while down: {msg}");
+                down_open = Some(msg);
+            }
+        }
+    }
+    check(
+        seen.contains(&AsyncEvent::PortDown),
+        format!("PortDown seen: {seen:?}"),
+        &mut f,
+    );
+    check(
+        seen.contains(&AsyncEvent::PortUp),
+        format!("PortUp seen: {seen:?}"),
+        &mut f,
+    );
+    check(
+        down_open.as_deref().is_some_and(|m| m.contains("DOWN")),
+        format!("open while the port is down -> BadPort naming the state: {down_open:?}"),
+        &mut f,
+    );
+    // The port may need a moment after PORT_ACTIVE before the GIDs are back.
+    let mut reopened = Err("not tried".to_string());
+    let until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until {
+        reopened = p
+            .open(&cfg(device))
+            .map(|e| e.attrs().clone())
+            .map_err(|e| e.to_string());
+        if reopened.is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    check(
+        reopened.is_ok(),
+        format!("open after PortUp: {reopened:?}"),
+        &mut f,
+    );
+    ep.deregister(poll.registry()).map_err(|e| e.to_string())?;
+    ep.close().map_err(|e| e.to_string())?;
+    check(
+        p.teardown_errors() == 0,
+        format!("teardown_errors = {}", p.teardown_errors()),
+        &mut f,
+    );
+    Ok(f)
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let p = RdmaProvider::new();
+    let r = match args.mode {
+        Mode::Errors => errors(&p, &args.device),
+        Mode::PortEvents => port_events(&p, &args.device, Duration::from_secs(args.timeout_secs)),
+    };
+    match r {
+        Ok(f) if f.is_empty() => {
+            println!("RESULT ok");
+            ExitCode::SUCCESS
+        }
+        Ok(f) => {
+            println!("{} checks failed", f.len());
+            println!("RESULT FAILED");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            println!("error: {e}");
+            println!("RESULT FAILED");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,396 @@
+//! Device lookup, port query, GID table and MTU: everything read from the device (and
+//! sysfs) when an endpoint opens. Nothing here is cached across opens: after a port flap
+//! or a device re-add the kernel may register GIDs at other indexes.
+
+use std::ffi::CStr;
+use std::os::raw::c_int;
+use std::path::PathBuf;
+
+use rdma_sys::*;
+
+use super::objects::{Context, TeardownLog, last_errno, zeroed};
+use crate::verbs::{Gid, VerbsError};
+
+/// Root of the verbs devices in sysfs.
+const SYSFS_IB: &str = "/sys/class/infiniband";
+
+/// `IBV_LINK_LAYER_ETHERNET` from `<infiniband/verbs.h>` (a `#define`-style anonymous
+/// enum that bindgen does not emit): the port is RoCE.
+pub(super) const LINK_LAYER_ETHERNET: u8 = 2;
+
+/// GID indexes are `u8` in the configuration; larger tables are scanned up to here.
+const MAX_GID_SCAN: usize = 256;
+
+/// Open the device called `name`. `NoDevice` lists the devices that do exist.
+pub(super) fn open_by_name(name: &str, log: &TeardownLog) -> Result<Context, VerbsError> {
+    let mut n: c_int = 0;
+    // SAFETY: `n` is a valid out-pointer; the list is freed by `DeviceList::drop`.
+    let raw = unsafe { ibv_get_device_list(&mut n) };
+    if raw.is_null() {
+        // rdma-core returns NULL (ENOSYS) when the kernel has no verbs support at all.
+        let err = std::io::Error::from_raw_os_error(last_errno());
+        return Err(VerbsError::NoDevice(format!(
+            "{name} (available: none; ibv_get_device_list: {err})"
+        )));
+    }
+    let list = DeviceList(raw);
+    let mut names = Vec::new();
+    let mut found = None;
+    for i in 0..usize::try_from(n).unwrap_or(0) {
+        // SAFETY: the list holds `n` entries followed by NULL; `i < n`.
+        let dev = unsafe { *list.0.add(i) };
+        if dev.is_null() {
+            break;
+        }
+        // SAFETY: `dev` is a live list entry; the name is a NUL-terminated string owned
+        // by it, copied out before the list is freed.
+        let dev_name = unsafe { CStr::from_ptr(ibv_get_device_name(dev)) }
+            .to_string_lossy()
+            .into_owned();
+        if dev_name == name {
+            found = Some(dev);
+        }
+        names.push(dev_name);
+    }
+    let Some(dev) = found else {
+        let available = if names.is_empty() {
+            "none".to_string()
+        } else {
+            names.join(", ")
+        };
+        return Err(VerbsError::NoDevice(format!(
+            "{name} (available: {available})"
+        )));
+    };
+    // The list is freed after the open; the context keeps its own device reference.
+    Context::open(dev, log)
+}
+
+/// Frees a device list on drop.
+struct DeviceList(*mut *mut ibv_device);
+
+impl Drop for DeviceList {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from ibv_get_device_list and is freed once, here; no
+        // entry is used afterwards (opened contexts hold their own references).
+        unsafe { ibv_free_device_list(self.0) };
+    }
+}
+
+/// What the endpoint needs from `ibv_query_port`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct PortInfo {
+    /// Active MTU in bytes.
+    pub(super) mtu: u32,
+    /// GID table length.
+    pub(super) gid_tbl_len: usize,
+    /// `IBV_LINK_LAYER_*`.
+    pub(super) link_layer: u8,
+}
+
+/// Query `port`; it must exist and be ACTIVE.
+pub(super) fn query_port(ctx: &Context, device: &str, port: u8) -> Result<PortInfo, VerbsError> {
+    let bad = |why: String| VerbsError::BadPort {
+        device: device.to_string(),
+        port,
+        why,
+    };
+    let mut attr: ibv_port_attr = zeroed();
+    // SAFETY: `ctx` is open; `attr` is a valid out-struct of the size the call expects.
+    let ret = unsafe { ___ibv_query_port(ctx.as_ptr(), port, &mut attr) };
+    if ret != 0 {
+        let err = std::io::Error::from_raw_os_error(super::objects::ret_errno(ret));
+        return Err(bad(format!(
+            "ibv_query_port failed: {err} (does the port exist?)"
+        )));
+    }
+    if attr.state != ibv_port_state::IBV_PORT_ACTIVE {
+        return Err(bad(format!(
+            "port state is {} (needs ACTIVE)",
+            port_state_name(attr.state)
+        )));
+    }
+    let mtu = mtu_bytes(attr.active_mtu)
+        .ok_or_else(|| bad(format!("unknown active MTU enum {}", attr.active_mtu)))?;
+    Ok(PortInfo {
+        mtu,
+        gid_tbl_len: usize::try_from(attr.gid_tbl_len).unwrap_or(0),
+        link_layer: attr.link_layer,
+    })
+}
+
+/// `ibv_port_state` as the name `ibv_devinfo` prints.
+pub(super) fn port_state_name(state: ibv_port_state::Type) -> String {
+    match state {
+        ibv_port_state::IBV_PORT_NOP => "NOP".into(),
+        ibv_port_state::IBV_PORT_DOWN => "DOWN".into(),
+        ibv_port_state::IBV_PORT_INIT => "INIT".into(),
+        ibv_port_state::IBV_PORT_ARMED => "ARMED".into(),
+        ibv_port_state::IBV_PORT_ACTIVE => "ACTIVE".into(),
+        ibv_port_state::IBV_PORT_ACTIVE_DEFER => "ACTIVE_DEFER".into(),
+        other => format!("unknown ({other})"),
+    }
+}
+
+/// `ibv_mtu` to bytes.
+pub(super) fn mtu_bytes(mtu: ibv_mtu::Type) -> Option<u32> {
+    match mtu {
+        ibv_mtu::IBV_MTU_256 => Some(256),
+        ibv_mtu::IBV_MTU_512 => Some(512),
+        ibv_mtu::IBV_MTU_1024 => Some(1024),
+        ibv_mtu::IBV_MTU_2048 => Some(2048),
+        ibv_mtu::IBV_MTU_4096 => Some(4096),
+        _ => None,
+    }
+}
+
+/// The type of a GID table entry, from sysfs `gid_attrs/types/<index>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum GidType {
+    /// `RoCE v2`: UDP/IP encapsulation; IPv4-mapped GIDs give IPv4 GRHs.
+    RoceV2,
+    /// `IB/RoCE v1`.
+    IbRoceV1,
+    /// Unreadable or unknown (the text, if any).
+    Unknown(String),
+}
+
+impl GidType {
+    /// Parse the sysfs text.
+    pub(super) fn parse(text: &str) -> GidType {
+        match text.trim() {
+            "RoCE v2" => GidType::RoceV2,
+            "IB/RoCE v1" => GidType::IbRoceV1,
+            other => GidType::Unknown(other.to_string()),
+        }
+    }
+}
+
+fn gid_attr_path(device: &str, port: u8, attr: &str, index: u8) -> PathBuf {
+    PathBuf::from(SYSFS_IB)
+        .join(device)
+        .join("ports")
+        .join(port.to_string())
+        .join("gid_attrs")
+        .join(attr)
+        .join(index.to_string())
+}
+
+/// Read the type of GID `index` (there is no `ibv_query_gid_type` in rdma-sys).
+fn read_gid_type(device: &str, port: u8, index: u8) -> GidType {
+    match std::fs::read_to_string(gid_attr_path(device, port, "types", index)) {
+        Ok(text) => GidType::parse(&text),
+        Err(e) => GidType::Unknown(format!("unreadable: {e}")),
+    }
+}
+
+/// The network device behind GID `index` (RoCE only), from `gid_attrs/ndevs/<index>`.
+pub(super) fn gid_netdev(device: &str, port: u8, index: u8) -> Option<String> {
+    let text = std::fs::read_to_string(gid_attr_path(device, port, "ndevs", index)).ok()?;
+    let name = text.trim();
+    (!name.is_empty()).then(|| name.to_string())
+}
+
+/// Read GID `index` of `port`.
+fn query_gid(ctx: &Context, port: u8, index: u8) -> Result<Gid, VerbsError> {
+    let mut gid: ibv_gid = zeroed();
+    // SAFETY: `ctx` is open; `gid` is a valid 16-byte out-union.
+    let ret = unsafe { ibv_query_gid(ctx.as_ptr(), port, c_int::from(index), &mut gid) };
+    if ret != 0 {
+        return Err(VerbsError::verb(
+            "ibv_query_gid",
+            super::objects::ret_errno(ret),
+        ));
+    }
+    // SAFETY: every bit pattern of the union is a valid `[u8; 16]`.
+    Ok(Gid(unsafe { gid.raw }))
+}
+
+/// The GID an endpoint uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct GidChoice {
+    pub(super) index: u8,
+    pub(super) gid: Gid,
+    pub(super) gid_type: GidType,
+}
+
+impl GidChoice {
+    /// True when receives carry an IPv4 header in the GRH area (RoCEv2 over IPv4).
+    pub(super) fn is_ipv4_rocev2(&self) -> bool {
+        self.gid_type == GidType::RoceV2 && self.gid.as_ipv4().is_some()
+    }
+}
+
+/// Read the port's GID table now and pick the endpoint's GID (see [`select_gid`]).
+pub(super) fn choose_gid(
+    ctx: &Context,
+    device: &str,
+    port: u8,
+    table_len: usize,
+    want: Option<u8>,
+) -> Result<GidChoice, VerbsError> {
+    select_gid(
+        table_len,
+        want,
+        |i| query_gid(ctx, port, i),
+        |i| read_gid_type(device, port, i),
+    )
+    .map_err(|e| match e {
+        Selection::Verb(v) => v,
+        Selection::NoGid(why) => VerbsError::NoGid {
+            device: device.to_string(),
+            port,
+            why,
+        },
+    })
+}
+
+/// Why no GID was selected.
+#[derive(Debug)]
+pub(super) enum Selection {
+    Verb(VerbsError),
+    NoGid(String),
+}
+
+/// Pick a GID. With `want = Some(i)`: entry `i`, which must exist and be non-zero.
+/// With `None`: the first RoCEv2 IPv4-mapped entry, else the first non-zero entry.
+/// Entries whose query fails during a scan are skipped (and named if nothing is found).
+pub(super) fn select_gid(
+    table_len: usize,
+    want: Option<u8>,
+    mut gid_at: impl FnMut(u8) -> Result<Gid, VerbsError>,
+    mut type_at: impl FnMut(u8) -> GidType,
+) -> Result<GidChoice, Selection> {
+    if let Some(index) = want {
+        if usize::from(index) >= table_len {
+            return Err(Selection::NoGid(format!(
+                "GID index {index} is beyond the table ({table_len} entries)"
+            )));
+        }
+        let gid = gid_at(index).map_err(Selection::Verb)?;
+        if gid.is_zero() {
+            return Err(Selection::NoGid(format!("GID index {index} is empty")));
+        }
+        return Ok(GidChoice {
+            index,
+            gid,
+            gid_type: type_at(index),
+        });
+    }
+    let mut first_nonzero: Option<(u8, Gid)> = None;
+    let mut last_err = None;
+    for i in 0..table_len.min(MAX_GID_SCAN) {
+        let Ok(index) = u8::try_from(i) else { break };
+        let gid = match gid_at(index) {
+            Ok(g) => g,
+            Err(e) => {
+                last_err = Some(format!("index {index}: {e}"));
+                continue;
+            }
+        };
+        if gid.is_zero() {
+            continue;
+        }
+        if first_nonzero.is_none() {
+            first_nonzero = Some((index, gid));
+        }
+        if gid.as_ipv4().is_some() {
+            let gid_type = type_at(index);
+            if gid_type == GidType::RoceV2 {
+                return Ok(GidChoice {
+                    index,
+                    gid,
+                    gid_type,
+                });
+            }
+        }
+    }
+    match first_nonzero {
+        Some((index, gid)) => Ok(GidChoice {
+            index,
+            gid,
+            gid_type: type_at(index),
+        }),
+        None => Err(Selection::NoGid(match last_err {
+            Some(e) => format!("no non-zero GID in {table_len} entries (last error: {e})"),
+            None => format!("no non-zero GID in {table_len} entries"),
+        })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> Vec<(Gid, GidType)> {
+        vec![
+            ("fe80::1".parse().unwrap(), GidType::RoceV2),
+            ("fe80::1".parse().unwrap(), GidType::IbRoceV1),
+            (Gid::ZERO, GidType::Unknown(String::new())),
+            ("::ffff:198.18.0.1".parse().unwrap(), GidType::IbRoceV1),
+            ("::ffff:198.18.0.1".parse().unwrap(), GidType::RoceV2),
+        ]
+    }
+
+    fn pick(t: &[(Gid, GidType)], want: Option<u8>) -> Result<GidChoice, Selection> {
+        select_gid(
+            t.len(),
+            want,
+            |i| Ok(t[usize::from(i)].0),
+            |i| t[usize::from(i)].1.clone(),
+        )
+    }
+
+    #[test]
+    fn default_prefers_ipv4_mapped_rocev2() {
+        let c = pick(&table(), None).unwrap();
+        assert_eq!(c.index, 4);
+        assert!(c.is_ipv4_rocev2());
+    }
+
+    #[test]
+    fn default_falls_back_to_first_nonzero() {
+        let mut t = table();
+        t.truncate(4);
+        let c = pick(&t, None).unwrap();
+        assert_eq!(c.index, 0);
+        assert!(!c.is_ipv4_rocev2());
+        // An IPv4-mapped RoCE v1 GID is not an IPv4 GRH.
+        let c = pick(&t, Some(3)).unwrap();
+        assert!(!c.is_ipv4_rocev2());
+    }
+
+    #[test]
+    fn explicit_index_must_exist_and_be_nonzero() {
+        let t = table();
+        assert_eq!(pick(&t, Some(1)).unwrap().gid_type, GidType::IbRoceV1);
+        assert!(matches!(pick(&t, Some(2)), Err(Selection::NoGid(_))));
+        assert!(matches!(pick(&t, Some(9)), Err(Selection::NoGid(_))));
+    }
+
+    #[test]
+    fn empty_table_and_failing_queries_are_no_gid() {
+        let r = select_gid(
+            3,
+            None,
+            |_| Err(VerbsError::verb("ibv_query_gid", libc::EINVAL)),
+            |_| GidType::RoceV2,
+        );
+        match r {
+            Err(Selection::NoGid(why)) => assert!(why.contains("ibv_query_gid"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(pick(&[], None), Err(Selection::NoGid(_))));
+    }
+
+    #[test]
+    fn gid_type_and_mtu_parse() {
+        assert_eq!(GidType::parse("RoCE v2\n"), GidType::RoceV2);
+        assert_eq!(GidType::parse("IB/RoCE v1\n"), GidType::IbRoceV1);
+        assert!(matches!(GidType::parse("x"), GidType::Unknown(_)));
+        assert_eq!(mtu_bytes(ibv_mtu::IBV_MTU_1024), Some(1024));
+        assert_eq!(mtu_bytes(ibv_mtu::IBV_MTU_4096), Some(4096));
+        assert_eq!(mtu_bytes(0), None);
+        assert_eq!(port_state_name(ibv_port_state::IBV_PORT_DOWN), "DOWN");
+    }
+}

@@ -1,0 +1,929 @@
+//! [`RdmaEndpoint`]: one UD QP with its CQs, channel, memory and address handles.
+//!
+//! The datapath calls (`post_recv`, `post_send`, `poll_cq`) allocate nothing: work
+//! requests, SGEs and work completions are built in arrays sized at open time.
+
+use std::io;
+use std::net::{Ipv4Addr, Ipv6Addr, UdpSocket};
+use std::os::raw::{c_int, c_void};
+use std::os::unix::io::RawFd;
+use std::ptr;
+
+use mio::unix::SourceFd;
+use rdma_sys::*;
+
+use super::device::{self, GidChoice, LINK_LAYER_ETHERNET};
+use super::objects::{
+    Ah, CompChannel, Context, Cq, Mr, Pd, Qp, QpRequest, Region, SlotLayout, TeardownLog,
+    last_errno, ret_errno, set_nonblocking, zeroed,
+};
+use crate::verbs::{
+    AhHandle, AsyncEvent, Completion, CqKind, Endpoint, EndpointAttrs, EndpointConfig, Gid,
+    GrhKind, PostSendError, SendWr, VerbsError, WcStatus,
+};
+
+/// Inline data asked for at QP creation: enough for ARP and TCP ACK sized IPoIB packets,
+/// which then skip the DMA read of the send slot. The device may grant more, less or
+/// refuse (then the QP is created without inline).
+const REQUESTED_MAX_INLINE: u32 = 128;
+
+/// Hop limit of every address handle (RoCEv2 puts it in the IP TTL / hop limit): the
+/// common IP default, ample for any data-centre path.
+const AH_HOP_LIMIT: u8 = 64;
+
+/// One multicast group the QP is attached to.
+struct McastJoin {
+    gid: Gid,
+    /// On RoCE, the IP-level membership that makes the NIC and the IP stack accept the
+    /// group's packets (rxe attaches at the verbs level only); left on drop.
+    _ip_member: Option<UdpSocket>,
+}
+
+/// The real [`Endpoint`] over libibverbs. See the module docs of [`crate::verbs`].
+///
+/// Dropping it tears everything down in order (multicast detaches, AHs, QP, CQs,
+/// channel, MR, PD, context, then the memory); [`RdmaEndpoint::close`] does the same and
+/// returns the first failure.
+pub struct RdmaEndpoint {
+    attrs: EndpointAttrs,
+    log: TeardownLog,
+    link_layer: u8,
+    layout: SlotLayout,
+    /// `layout.recv_len` as the SGE length.
+    recv_sge_len: u32,
+    /// Receives posted whose completion has not been polled yet.
+    recvs_in_flight: u32,
+    /// Signalled sends posted whose completion has not been polled yet.
+    ///
+    /// Both counters guard against CQ overflow. A CQ is created with `send_slots` /
+    /// `recv_slots` entries, but the device frees a send-queue entry when it *generates*
+    /// the completion, not when it is polled: seen on rxe (Linux 6.1), two chains of 8
+    /// signalled sends on a QP and CQ of depth 8, with no poll in between, were both
+    /// accepted and only 15 of the 16 completions ever arrived (CQ overflow). So the
+    /// endpoint bounds what can wait in each CQ: at most `send_slots` signalled sends
+    /// and `recv_slots` receives whose completions have not been polled. Beyond that
+    /// `post_send` posts the prefix that fits and `post_recv` refuses, both with
+    /// `ENOMEM`, as a full device queue would.
+    sends_in_flight: u32,
+    torn_down: bool,
+    // Scratch arrays for the datapath, sized at open.
+    send_wrs: Vec<ibv_send_wr>,
+    send_sges: Vec<ibv_sge>,
+    wcs: Vec<ibv_wc>,
+    // Verbs objects, in teardown order (`teardown` closes them in this order; should it
+    // be skipped, field drop order is the same).
+    mcast: Vec<McastJoin>,
+    ahs: Vec<Option<Ah>>,
+    qp: Qp,
+    recv_cq: Cq,
+    send_cq: Cq,
+    channel: CompChannel,
+    mr: Mr,
+    pd: Pd,
+    ctx: Context,
+    /// Unmapped last, after the MR that covers it is gone.
+    region: Region,
+}
+
+// SAFETY: the raw pointers inside (verbs objects, scratch work requests) are owned by
+// this endpoint alone and libibverbs objects may be used from any thread; the endpoint is
+// used by one thread at a time (`&mut self` on every verb, no `Sync`).
+unsafe impl Send for RdmaEndpoint {}
+
+impl RdmaEndpoint {
+    /// Open the device and build a ready endpoint (see [`crate::verbs::Provider::open`]).
+    pub(super) fn open(cfg: &EndpointConfig, log: TeardownLog) -> Result<Self, VerbsError> {
+        if cfg.recv_slots == 0 {
+            return Err(VerbsError::Invalid {
+                field: "recv_slots",
+                why: "must be at least 1".into(),
+            });
+        }
+        if cfg.send_slots == 0 {
+            return Err(VerbsError::Invalid {
+                field: "send_slots",
+                why: "must be at least 1".into(),
+            });
+        }
+        if cfg.port == 0 {
+            return Err(VerbsError::BadPort {
+                device: cfg.device.clone(),
+                port: 0,
+                why: "port numbers start at 1".into(),
+            });
+        }
+
+        // Locals are declared in creation order, so an early return drops (destroys)
+        // them in reverse: QP, CQs, channel, MR, PD, memory, context.
+        let ctx = device::open_by_name(&cfg.device, &log)?;
+        let port = device::query_port(&ctx, &cfg.device, cfg.port)?;
+        let gid = device::choose_gid(&ctx, &cfg.device, cfg.port, port.gid_tbl_len, cfg.gid_index)?;
+        let max_payload = match cfg.max_payload {
+            None => port.mtu,
+            Some(0) => {
+                return Err(VerbsError::Invalid {
+                    field: "mtu",
+                    why: "max_payload must be at least 1 byte".into(),
+                });
+            }
+            Some(p) if p > port.mtu => {
+                return Err(VerbsError::Invalid {
+                    field: "mtu",
+                    why: format!(
+                        "max_payload {p} exceeds the active MTU {} of {} port {}",
+                        port.mtu, cfg.device, cfg.port
+                    ),
+                });
+            }
+            Some(p) => p,
+        };
+        let layout = SlotLayout::new(cfg.recv_slots, cfg.send_slots, max_payload)?;
+        let recv_sge_len = u32::try_from(layout.recv_len).map_err(|_| VerbsError::Invalid {
+            field: "mtu",
+            why: "receive slot exceeds 4 GiB".into(),
+        })?;
+        let total = layout.total_len().ok_or_else(|| VerbsError::Invalid {
+            field: "recv_slots/send_slots",
+            why: "buffer region does not fit in memory".into(),
+        })?;
+        let region = Region::map(total)?;
+        let pd = Pd::alloc(&ctx, &log)?;
+        let mr = Mr::register(&pd, &region, &log)?;
+        let channel = CompChannel::create(&ctx, &log)?;
+        set_nonblocking(ctx.async_fd(), "fcntl(O_NONBLOCK) on the async event fd")?;
+        let recv_cq = Cq::create(&ctx, cfg.recv_slots, &channel, &log)?;
+        let send_cq = Cq::create(&ctx, cfg.send_slots, &channel, &log)?;
+        let mut req = QpRequest {
+            max_send_wr: cfg.send_slots,
+            max_recv_wr: cfg.recv_slots,
+            max_inline_data: REQUESTED_MAX_INLINE,
+        };
+        let (qp, caps) = match Qp::create_ud(&pd, &send_cq, &recv_cq, &req, &log) {
+            Ok(created) => created,
+            Err(e) => {
+                tracing::debug!(error = %e, "UD QP with inline data refused; retrying without");
+                req.max_inline_data = 0;
+                Qp::create_ud(&pd, &send_cq, &recv_cq, &req, &log)?
+            }
+        };
+        bring_up(&qp, cfg)?;
+
+        let attrs = EndpointAttrs {
+            device: cfg.device.clone(),
+            port: cfg.port,
+            qpn: qp.qp_num(),
+            gid: gid.gid,
+            gid_index: gid.index,
+            grh_kind: grh_kind(&gid),
+            max_payload,
+            port_mtu: port.mtu,
+            recv_slots: cfg.recv_slots,
+            send_slots: cfg.send_slots,
+            // What the device granted (it may round the request up); 0 if the QP was
+            // created without inline.
+            max_inline: if req.max_inline_data == 0 {
+                0
+            } else {
+                caps.max_inline_data
+            },
+        };
+        tracing::info!(
+            device = %attrs.device, port = attrs.port, qpn = attrs.qpn, gid = %attrs.gid,
+            gid_index = attrs.gid_index, gid_type = ?gid.gid_type, grh = ?attrs.grh_kind,
+            mtu = attrs.port_mtu, max_payload = attrs.max_payload,
+            max_inline = attrs.max_inline, "verbs endpoint open"
+        );
+        let send_n = usize::try_from(cfg.send_slots).unwrap_or(usize::MAX);
+        let wc_n = usize::try_from(cfg.recv_slots.max(cfg.send_slots)).unwrap_or(usize::MAX);
+        Ok(RdmaEndpoint {
+            attrs,
+            log,
+            link_layer: port.link_layer,
+            layout,
+            recv_sge_len,
+            recvs_in_flight: 0,
+            sends_in_flight: 0,
+            torn_down: false,
+            send_wrs: (0..send_n).map(|_| zeroed()).collect(),
+            send_sges: (0..send_n).map(|_| zeroed()).collect(),
+            wcs: (0..wc_n).map(|_| zeroed()).collect(),
+            mcast: Vec::new(),
+            ahs: Vec::new(),
+            qp,
+            recv_cq,
+            send_cq,
+            channel,
+            mr,
+            pd,
+            ctx,
+            region,
+        })
+    }
+
+    /// Tear down now and say whether every step worked (the first failure is returned;
+    /// every failure is also logged and counted). Dropping does the same silently.
+    pub fn close(mut self) -> Result<(), VerbsError> {
+        self.teardown()
+    }
+
+    /// Failed teardown steps counted so far by the provider that opened this endpoint.
+    pub fn teardown_errors(&self) -> u64 {
+        self.log.count()
+    }
+
+    fn teardown(&mut self) -> Result<(), VerbsError> {
+        if self.torn_down {
+            return Ok(());
+        }
+        self.torn_down = true;
+        let mut first: Option<VerbsError> = None;
+        let mut keep = |r: Result<(), VerbsError>| {
+            if let Err(e) = r {
+                first.get_or_insert(e);
+            }
+        };
+        // rxe refuses to destroy a QP that is still attached (EBUSY): detach first.
+        for join in std::mem::take(&mut self.mcast) {
+            let r = detach_raw(&self.qp, &join.gid);
+            if let Err(e) = &r {
+                self.log.record(e);
+            }
+            keep(r);
+        }
+        for ah in std::mem::take(&mut self.ahs).iter_mut().flatten() {
+            keep(ah.close());
+        }
+        keep(self.qp.close());
+        // No CQ event is left unacknowledged: take_cq_events acks what it reads.
+        keep(self.recv_cq.close());
+        keep(self.send_cq.close());
+        keep(self.channel.close());
+        keep(self.mr.close());
+        keep(self.pd.close());
+        keep(self.ctx.close());
+        match first {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+
+    fn cq(&self, kind: CqKind) -> *mut ibv_cq {
+        match kind {
+            CqKind::Recv => self.recv_cq.as_ptr(),
+            CqKind::Send => self.send_cq.as_ptr(),
+        }
+    }
+
+    fn ah_ptr(&self, h: AhHandle) -> Option<*mut ibv_ah> {
+        let i = usize::try_from(h.0).ok()?;
+        self.ahs.get(i)?.as_ref().map(Ah::as_ptr)
+    }
+
+    /// The IP-level multicast membership that RoCE needs next to `ibv_attach_mcast`.
+    ///
+    /// Seen on rxe (Linux 6.1): attaching `::ffff:239.1.1.1` returns 0, but rxe adds
+    /// only the IPv6-style MAC `33:33:ef:01:01:01` to the netdev (`ip maddr`), and with
+    /// the join below disabled no packet of the group arrived in the lab. The IPv4 group
+    /// joined by a UDP socket on the interface that owns our GID's address adds
+    /// `01:00:5e:01:01:01` and the IP membership; it is left when the socket closes.
+    fn ip_join(&self, group: &Gid) -> Result<Option<UdpSocket>, VerbsError> {
+        if self.link_layer != LINK_LAYER_ETHERNET {
+            return Ok(None);
+        }
+        let fail = |verb: &'static str| move |source: io::Error| VerbsError::Verb { verb, source };
+        if let Some(v4) = group.as_ipv4() {
+            let iface = self.attrs.gid.as_ipv4().unwrap_or(Ipv4Addr::UNSPECIFIED);
+            let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))
+                .map_err(fail("bind (multicast join)"))?;
+            sock.join_multicast_v4(&v4, &iface)
+                .map_err(fail("IP_ADD_MEMBERSHIP"))?;
+            return Ok(Some(sock));
+        }
+        let ifindex = device::gid_netdev(&self.attrs.device, self.attrs.port, self.attrs.gid_index)
+            .and_then(|ndev| std::fs::read_to_string(format!("/sys/class/net/{ndev}/ifindex")).ok())
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .unwrap_or(0);
+        let sock =
+            UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).map_err(fail("bind (multicast join)"))?;
+        sock.join_multicast_v6(&Ipv6Addr::from(group.0), ifindex)
+            .map_err(fail("IPV6_ADD_MEMBERSHIP"))?;
+        Ok(Some(sock))
+    }
+}
+
+impl Drop for RdmaEndpoint {
+    fn drop(&mut self) {
+        // Every failure was logged and counted by teardown.
+        let _ = self.teardown();
+    }
+}
+
+/// RESET → INIT (P_Key index 0, port, Q_Key) → RTR → RTS (SQ PSN 0): a UD QP's bring-up.
+fn bring_up(qp: &Qp, cfg: &EndpointConfig) -> Result<(), VerbsError> {
+    let mut attr: ibv_qp_attr = zeroed();
+    attr.qp_state = ibv_qp_state::IBV_QPS_INIT;
+    attr.pkey_index = 0;
+    attr.port_num = cfg.port;
+    attr.qkey = cfg.qkey;
+    qp.modify(
+        &mut attr,
+        ibv_qp_attr_mask::IBV_QP_STATE
+            | ibv_qp_attr_mask::IBV_QP_PKEY_INDEX
+            | ibv_qp_attr_mask::IBV_QP_PORT
+            | ibv_qp_attr_mask::IBV_QP_QKEY,
+        "ibv_modify_qp(INIT)",
+    )?;
+    let mut attr: ibv_qp_attr = zeroed();
+    attr.qp_state = ibv_qp_state::IBV_QPS_RTR;
+    qp.modify(
+        &mut attr,
+        ibv_qp_attr_mask::IBV_QP_STATE,
+        "ibv_modify_qp(RTR)",
+    )?;
+    let mut attr: ibv_qp_attr = zeroed();
+    attr.qp_state = ibv_qp_state::IBV_QPS_RTS;
+    attr.sq_psn = 0;
+    qp.modify(
+        &mut attr,
+        ibv_qp_attr_mask::IBV_QP_STATE | ibv_qp_attr_mask::IBV_QP_SQ_PSN,
+        "ibv_modify_qp(RTS)",
+    )
+}
+
+fn grh_kind(gid: &GidChoice) -> GrhKind {
+    if gid.is_ipv4_rocev2() {
+        GrhKind::Ipv4
+    } else {
+        GrhKind::Ipv6
+    }
+}
+
+fn raw_gid(gid: &Gid) -> ibv_gid {
+    ibv_gid { raw: gid.0 }
+}
+
+fn detach_raw(qp: &Qp, gid: &Gid) -> Result<(), VerbsError> {
+    let g = raw_gid(gid);
+    // SAFETY: the QP is live (detach happens before it is closed); `g` is a valid GID.
+    let ret = unsafe { ibv_detach_mcast(qp.as_ptr(), &g, 0) };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(VerbsError::verb("ibv_detach_mcast", ret_errno(ret)))
+    }
+}
+
+/// A work completion in the provider-independent form.
+fn completion(wc: &ibv_wc) -> Completion {
+    Completion {
+        wr_id: wc.wr_id,
+        status: match wc.status {
+            ibv_wc_status::IBV_WC_SUCCESS => WcStatus::Success,
+            ibv_wc_status::IBV_WC_WR_FLUSH_ERR => WcStatus::Flushed,
+            other => WcStatus::Error(other),
+        },
+        byte_len: wc.byte_len,
+        src_qp: wc.src_qp,
+        has_grh: wc.wc_flags & ibv_wc_flags::IBV_WC_GRH.0 != 0,
+    }
+}
+
+/// `ibv_async_event` with the event type read as a plain integer: rdma-sys declares it
+/// a Rust enum, and a kernel newer than its bindings may report a value outside it.
+#[repr(C)]
+struct RawAsyncEvent {
+    element: RawAsyncElement,
+    event_type: u32,
+}
+
+#[repr(C)]
+union RawAsyncElement {
+    ptr: *mut c_void,
+    port_num: c_int,
+}
+
+const _: () = assert!(
+    std::mem::size_of::<RawAsyncEvent>() == std::mem::size_of::<ibv_async_event>()
+        && std::mem::align_of::<RawAsyncEvent>() == std::mem::align_of::<ibv_async_event>()
+);
+
+// `ibv_event_type` values (stable ABI of <infiniband/verbs.h>).
+const EV_CQ_ERR: u32 = 0;
+const EV_QP_FATAL: u32 = 1;
+const EV_QP_REQ_ERR: u32 = 2;
+const EV_QP_ACCESS_ERR: u32 = 3;
+const EV_DEVICE_FATAL: u32 = 8;
+const EV_PORT_ACTIVE: u32 = 9;
+const EV_PORT_ERR: u32 = 10;
+
+/// Map an async event; port events of another port are `Other`.
+fn map_async_event(event_type: u32, port_num: c_int, our_port: u8) -> AsyncEvent {
+    let ours = port_num == c_int::from(our_port);
+    match event_type {
+        EV_DEVICE_FATAL => AsyncEvent::DeviceFatal,
+        EV_CQ_ERR => AsyncEvent::CqError,
+        EV_QP_FATAL | EV_QP_REQ_ERR | EV_QP_ACCESS_ERR => AsyncEvent::QpFatal,
+        EV_PORT_ERR if ours => AsyncEvent::PortDown,
+        EV_PORT_ACTIVE if ours => AsyncEvent::PortUp,
+        other => AsyncEvent::Other(other),
+    }
+}
+
+/// How many leading work requests of `wrs` can be posted while at most `room` signalled
+/// sends may be added.
+fn signaled_prefix(wrs: &[SendWr], room: u32) -> usize {
+    let mut left = room;
+    for (i, w) in wrs.iter().enumerate() {
+        if w.signaled {
+            if left == 0 {
+                return i;
+            }
+            left -= 1;
+        }
+    }
+    wrs.len()
+}
+
+/// How many work requests of a chain starting at `base` (length `n`) precede `bad`, the
+/// first one the provider did not post. `None` when `bad` is not in the chain.
+fn posted_before(base: *const ibv_send_wr, bad: *const ibv_send_wr, n: usize) -> Option<usize> {
+    let size = std::mem::size_of::<ibv_send_wr>();
+    let delta = (bad as usize).checked_sub(base as usize)?;
+    (delta % size == 0 && delta / size < n).then_some(delta / size)
+}
+
+impl Endpoint for RdmaEndpoint {
+    fn attrs(&self) -> &EndpointAttrs {
+        &self.attrs
+    }
+
+    fn recv_buf(&self, slot: u32) -> &[u8] {
+        // An out-of-range slot (a caller bug) reads as empty rather than panicking.
+        self.layout
+            .recv_offset(slot)
+            .and_then(|off| self.region.slice(off, self.layout.recv_len))
+            .unwrap_or(&[])
+    }
+
+    fn send_buf(&mut self, slot: u32) -> &mut [u8] {
+        let len = self.layout.send_len;
+        match self.layout.send_offset(slot) {
+            Some(off) => self.region.slice_mut(off, len).unwrap_or(&mut []),
+            None => &mut [],
+        }
+    }
+
+    fn post_recv(&mut self, wr_id: u64, slot: u32) -> Result<(), VerbsError> {
+        if self.recvs_in_flight >= self.attrs.recv_slots {
+            // Full: see `sends_in_flight`.
+            return Err(VerbsError::verb("ibv_post_recv", libc::ENOMEM));
+        }
+        let off = self
+            .layout
+            .recv_offset(slot)
+            .ok_or_else(|| VerbsError::Invalid {
+                field: "slot",
+                why: format!("receive slot {slot} of {}", self.attrs.recv_slots),
+            })?;
+        let mut sge = ibv_sge {
+            addr: self.region.addr(off),
+            length: self.recv_sge_len,
+            lkey: self.mr.lkey(),
+        };
+        let mut wr: ibv_recv_wr = zeroed();
+        wr.wr_id = wr_id;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        let mut bad: *mut ibv_recv_wr = ptr::null_mut();
+        // SAFETY: the QP is live; `wr` and `sge` outlive the call (the provider copies
+        // them); the SGE covers one receive slot inside the MR.
+        let ret = unsafe { ibv_post_recv(self.qp.as_ptr(), &mut wr, &mut bad) };
+        if ret == 0 {
+            self.recvs_in_flight += 1;
+            Ok(())
+        } else {
+            Err(VerbsError::verb("ibv_post_recv", ret_errno(ret)))
+        }
+    }
+
+    fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), PostSendError> {
+        let n = wrs.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let reject = |error| Err(PostSendError { posted: 0, error });
+        if n > self.send_wrs.len() {
+            return reject(VerbsError::Invalid {
+                field: "post_send",
+                why: format!(
+                    "chain of {n} exceeds the send queue ({})",
+                    self.send_wrs.len()
+                ),
+            });
+        }
+        let lkey = self.mr.lkey();
+        let max_inline = self.attrs.max_inline;
+        // Validate and fill the scratch arrays; nothing is posted if any WR is invalid.
+        for (i, w) in wrs.iter().enumerate() {
+            let Some(off) = self.layout.send_offset(w.slot) else {
+                return reject(VerbsError::Invalid {
+                    field: "slot",
+                    why: format!("send slot {} of {}", w.slot, self.attrs.send_slots),
+                });
+            };
+            if w.len > self.attrs.max_payload {
+                return reject(VerbsError::Invalid {
+                    field: "len",
+                    why: format!(
+                        "send of {} bytes exceeds max_payload {}",
+                        w.len, self.attrs.max_payload
+                    ),
+                });
+            }
+            let Some(ah) = self.ah_ptr(w.dest.ah) else {
+                return reject(VerbsError::UnknownAh(w.dest.ah));
+            };
+            self.send_sges[i] = ibv_sge {
+                addr: self.region.addr(off),
+                length: w.len,
+                lkey,
+            };
+            let mut flags = 0;
+            if w.signaled {
+                flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+            }
+            if max_inline > 0 && w.len <= max_inline {
+                flags |= ibv_send_flags::IBV_SEND_INLINE.0;
+            }
+            let wr = &mut self.send_wrs[i];
+            wr.wr_id = w.wr_id;
+            wr.num_sge = 1;
+            wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+            wr.send_flags = flags;
+            wr.wr = wr_t {
+                ud: ud_t {
+                    ah,
+                    remote_qpn: w.dest.qpn,
+                    remote_qkey: w.dest.qkey,
+                },
+            };
+        }
+        // Post only the prefix whose signalled sends fit in the send CQ (see `sends_in_flight`).
+        let room = self.attrs.send_slots.saturating_sub(self.sends_in_flight);
+        let fit = signaled_prefix(wrs, room);
+        if fit == 0 {
+            return reject(VerbsError::verb("ibv_post_send", libc::ENOMEM));
+        }
+        // Link the chain through pointers taken once from each array.
+        let wr_base = self.send_wrs.as_mut_ptr();
+        let sge_base = self.send_sges.as_mut_ptr();
+        for i in 0..fit {
+            // SAFETY: `i < fit <= n <= len` of both arrays (checked above), so every
+            // pointer is in bounds; no Rust reference to either array is alive here.
+            unsafe {
+                let wr = wr_base.add(i);
+                (*wr).sg_list = sge_base.add(i);
+                (*wr).next = if i + 1 < fit {
+                    wr_base.add(i + 1)
+                } else {
+                    ptr::null_mut()
+                };
+            }
+        }
+        let mut bad: *mut ibv_send_wr = ptr::null_mut();
+        // SAFETY: the QP is live; the chain of `fit` WRs and their SGEs lies in arrays
+        // that outlive the call; every SGE covers part of one send slot inside the MR and
+        // every AH is live and owned by this endpoint.
+        let ret = unsafe { ibv_post_send(self.qp.as_ptr(), wr_base, &mut bad) };
+        let signaled = |wrs: &[SendWr]| wrs.iter().filter(|w| w.signaled).count() as u32;
+        if ret == 0 {
+            self.sends_in_flight += signaled(&wrs[..fit]);
+            return if fit == n {
+                Ok(())
+            } else {
+                Err(PostSendError {
+                    posted: fit,
+                    error: VerbsError::verb("ibv_post_send", libc::ENOMEM),
+                })
+            };
+        }
+        let posted = posted_before(wr_base, bad, fit).unwrap_or_else(|| {
+            tracing::warn!(
+                ret,
+                "ibv_post_send failed without a bad_wr in the chain; assuming none posted"
+            );
+            0
+        });
+        self.sends_in_flight += signaled(&wrs[..posted]);
+        Err(PostSendError {
+            posted,
+            error: VerbsError::verb("ibv_post_send", ret_errno(ret)),
+        })
+    }
+
+    fn poll_cq(&mut self, cq: CqKind, out: &mut [Completion]) -> Result<usize, VerbsError> {
+        let n = out.len().min(self.wcs.len()).min(c_int::MAX as usize);
+        if n == 0 {
+            return Ok(0);
+        }
+        // SAFETY: the CQ is live; `wcs` has room for `n` completions.
+        let ret = unsafe { ibv_poll_cq(self.cq(cq), n as c_int, self.wcs.as_mut_ptr()) };
+        if ret < 0 {
+            return Err(VerbsError::PollFailed { cq, ret });
+        }
+        let got = usize::try_from(ret).unwrap_or(0).min(n);
+        let in_flight = match cq {
+            CqKind::Recv => &mut self.recvs_in_flight,
+            CqKind::Send => &mut self.sends_in_flight,
+        };
+        // Saturating: flushed unsignalled sends complete too.
+        *in_flight = in_flight.saturating_sub(got as u32);
+        for (o, wc) in out.iter_mut().zip(&self.wcs[..got]) {
+            *o = completion(wc);
+        }
+        Ok(got)
+    }
+
+    fn req_notify(&mut self, cq: CqKind) -> Result<(), VerbsError> {
+        // SAFETY: the CQ is live; 0 = notify on any completion, not only solicited.
+        let ret = unsafe { ibv_req_notify_cq(self.cq(cq), 0) };
+        if ret == 0 {
+            Ok(())
+        } else {
+            Err(VerbsError::verb("ibv_req_notify_cq", ret_errno(ret)))
+        }
+    }
+
+    fn register(
+        &mut self,
+        registry: &mio::Registry,
+        cq_token: mio::Token,
+        async_token: mio::Token,
+    ) -> io::Result<()> {
+        let ch: RawFd = self.channel.fd();
+        let asy: RawFd = self.ctx.async_fd();
+        registry.register(&mut SourceFd(&ch), cq_token, mio::Interest::READABLE)?;
+        if let Err(e) = registry.register(&mut SourceFd(&asy), async_token, mio::Interest::READABLE)
+        {
+            // Leave nothing half-registered.
+            let _ = registry.deregister(&mut SourceFd(&ch));
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn deregister(&mut self, registry: &mio::Registry) -> io::Result<()> {
+        let ch: RawFd = self.channel.fd();
+        let asy: RawFd = self.ctx.async_fd();
+        let a = registry.deregister(&mut SourceFd(&ch));
+        let b = registry.deregister(&mut SourceFd(&asy));
+        a.and(b)
+    }
+
+    fn take_cq_events(&mut self) -> Result<(u32, u32), VerbsError> {
+        let recv = self.recv_cq.as_ptr();
+        let send = self.send_cq.as_ptr();
+        let (mut n_recv, mut n_send) = (0u32, 0u32);
+        let mut failure = None;
+        loop {
+            let mut cq: *mut ibv_cq = ptr::null_mut();
+            let mut cq_ctx: *mut c_void = ptr::null_mut();
+            // SAFETY: the channel is live and its fd nonblocking; both out-pointers are
+            // valid. No other thread reads this channel (`&mut self`).
+            let ret = unsafe { ibv_get_cq_event(self.channel.as_ptr(), &mut cq, &mut cq_ctx) };
+            if ret != 0 {
+                match last_errno() {
+                    libc::EAGAIN => break,
+                    libc::EINTR => continue,
+                    e => {
+                        failure = Some(VerbsError::verb("ibv_get_cq_event", e));
+                        break;
+                    }
+                }
+            }
+            if cq == recv {
+                n_recv = n_recv.saturating_add(1);
+            } else if cq == send {
+                n_send = n_send.saturating_add(1);
+            } else {
+                // Only our two CQs use this channel; nothing to acknowledge it against.
+                tracing::warn!("completion event for a CQ this endpoint does not own");
+            }
+        }
+        // Acknowledge in batch, on the error path too: an unacknowledged event makes
+        // ibv_destroy_cq wait forever.
+        for (cq, n) in [(recv, n_recv), (send, n_send)] {
+            if n > 0 {
+                // SAFETY: the CQ is live and `n` events were taken for it above.
+                unsafe { ibv_ack_cq_events(cq, n) };
+            }
+        }
+        match failure {
+            None => Ok((n_recv, n_send)),
+            Some(e) => Err(e),
+        }
+    }
+
+    fn next_async_event(&mut self) -> Result<Option<AsyncEvent>, VerbsError> {
+        let mut ev = RawAsyncEvent {
+            element: RawAsyncElement {
+                ptr: ptr::null_mut(),
+            },
+            event_type: 0,
+        };
+        let raw: *mut ibv_async_event = (&mut ev as *mut RawAsyncEvent).cast();
+        // SAFETY: the context is live and its async fd nonblocking; `raw` points to
+        // storage of the size and alignment of `ibv_async_event` (asserted above) whose
+        // type field is read back as a plain integer.
+        let ret = unsafe { ibv_get_async_event(self.ctx.as_ptr(), raw) };
+        if ret != 0 {
+            return match last_errno() {
+                libc::EAGAIN | libc::EINTR => Ok(None),
+                e => Err(VerbsError::verb("ibv_get_async_event", e)),
+            };
+        }
+        // SAFETY: the 8 bytes were initialised (null) above and the kernel wrote the
+        // element; any bit pattern is a valid c_int, meaningful for port events.
+        let port_num = unsafe { ev.element.port_num };
+        let mapped = map_async_event(ev.event_type, port_num, self.attrs.port);
+        // SAFETY: `raw` holds the event just returned, acknowledged exactly once (a QP or
+        // CQ with unacknowledged events cannot be destroyed).
+        unsafe { ibv_ack_async_event(raw) };
+        tracing::debug!(event_type = ev.event_type, ?mapped, "verbs async event");
+        Ok(Some(mapped))
+    }
+
+    fn create_ah(&mut self, gid: &Gid) -> Result<AhHandle, VerbsError> {
+        let mut attr: ibv_ah_attr = zeroed();
+        attr.grh = ibv_global_route {
+            dgid: raw_gid(gid),
+            flow_label: 0,
+            sgid_index: self.attrs.gid_index,
+            hop_limit: AH_HOP_LIMIT,
+            traffic_class: 0,
+        };
+        attr.is_global = 1;
+        attr.port_num = self.attrs.port;
+        // Handles of destroyed AHs are reused: the caller drops a handle when it destroys
+        // the AH (see `Endpoint::destroy_ah`).
+        let free = self.ahs.iter().position(Option::is_none);
+        let index = free.unwrap_or(self.ahs.len());
+        let handle = AhHandle(u32::try_from(index).map_err(|_| VerbsError::Invalid {
+            field: "address handles",
+            why: "more than 2^32 address handles".into(),
+        })?);
+        let ah = Ah::create(&self.pd, &mut attr, &self.log)?;
+        match free {
+            Some(i) => self.ahs[i] = Some(ah),
+            None => self.ahs.push(Some(ah)),
+        }
+        Ok(handle)
+    }
+
+    fn destroy_ah(&mut self, ah: AhHandle) -> Result<(), VerbsError> {
+        let slot = usize::try_from(ah.0)
+            .ok()
+            .and_then(|i| self.ahs.get_mut(i))
+            .and_then(Option::take);
+        match slot {
+            Some(mut owned) => owned.close(),
+            None => Err(VerbsError::UnknownAh(ah)),
+        }
+    }
+
+    fn attach_mcast(&mut self, gid: &Gid) -> Result<(), VerbsError> {
+        if !gid.is_multicast() {
+            return Err(VerbsError::Invalid {
+                field: "multicast gid",
+                why: format!("{gid} is not a multicast GID"),
+            });
+        }
+        if self.mcast.iter().any(|j| j.gid == *gid) {
+            return Ok(());
+        }
+        let g = raw_gid(gid);
+        // SAFETY: the QP is live; `g` is a valid GID; LID 0 (RoCE has no LIDs).
+        let ret = unsafe { ibv_attach_mcast(self.qp.as_ptr(), &g, 0) };
+        if ret != 0 {
+            return Err(VerbsError::verb("ibv_attach_mcast", ret_errno(ret)));
+        }
+        match self.ip_join(gid) {
+            Ok(ip_member) => {
+                self.mcast.push(McastJoin {
+                    gid: *gid,
+                    _ip_member: ip_member,
+                });
+                Ok(())
+            }
+            Err(e) => {
+                if let Err(undo) = detach_raw(&self.qp, gid) {
+                    tracing::warn!(
+                        error = %undo, group = %gid,
+                        "detach after a failed IP join failed"
+                    );
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn detach_mcast(&mut self, gid: &Gid) -> Result<(), VerbsError> {
+        let Some(i) = self.mcast.iter().position(|j| j.gid == *gid) else {
+            return Err(VerbsError::Invalid {
+                field: "multicast gid",
+                why: format!("{gid} is not attached"),
+            });
+        };
+        // On failure the group stays listed, so teardown tries again before the QP goes.
+        detach_raw(&self.qp, gid)?;
+        self.mcast.swap_remove(i);
+        Ok(())
+    }
+
+    fn set_qp_error(&mut self) -> Result<(), VerbsError> {
+        let mut attr: ibv_qp_attr = zeroed();
+        attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        self.qp.modify(
+            &mut attr,
+            ibv_qp_attr_mask::IBV_QP_STATE,
+            "ibv_modify_qp(ERR)",
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wc_mapping() {
+        let mut wc: ibv_wc = zeroed();
+        wc.wr_id = 7;
+        wc.byte_len = 140;
+        wc.src_qp = 17;
+        wc.wc_flags = ibv_wc_flags::IBV_WC_GRH.0;
+        assert_eq!(
+            completion(&wc),
+            Completion {
+                wr_id: 7,
+                status: WcStatus::Success,
+                byte_len: 140,
+                src_qp: 17,
+                has_grh: true
+            }
+        );
+        wc.status = ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
+        wc.wc_flags = 0;
+        let c = completion(&wc);
+        assert_eq!((c.status, c.has_grh), (WcStatus::Flushed, false));
+        wc.status = ibv_wc_status::IBV_WC_LOC_LEN_ERR;
+        assert_eq!(completion(&wc).status, WcStatus::Error(1));
+    }
+
+    #[test]
+    fn async_event_mapping() {
+        assert_eq!(map_async_event(8, 0, 1), AsyncEvent::DeviceFatal);
+        assert_eq!(map_async_event(0, 0, 1), AsyncEvent::CqError);
+        for t in [1, 2, 3] {
+            assert_eq!(map_async_event(t, 0, 1), AsyncEvent::QpFatal);
+        }
+        assert_eq!(map_async_event(10, 1, 1), AsyncEvent::PortDown);
+        assert_eq!(map_async_event(9, 1, 1), AsyncEvent::PortUp);
+        assert_eq!(map_async_event(9, 2, 1), AsyncEvent::Other(9));
+        assert_eq!(map_async_event(18, 1, 1), AsyncEvent::Other(18));
+        assert_eq!(map_async_event(99, 1, 1), AsyncEvent::Other(99));
+    }
+
+    #[test]
+    fn signaled_prefix_counts_only_signalled() {
+        let wr = |signaled| SendWr {
+            wr_id: 0,
+            slot: 0,
+            len: 0,
+            dest: crate::verbs::Dest {
+                ah: AhHandle(0),
+                qpn: 0,
+                qkey: 0,
+            },
+            signaled,
+        };
+        let chain = [wr(true), wr(false), wr(true), wr(true)];
+        assert_eq!(signaled_prefix(&chain, 0), 0);
+        assert_eq!(signaled_prefix(&chain, 1), 2);
+        assert_eq!(signaled_prefix(&chain, 2), 3);
+        assert_eq!(signaled_prefix(&chain, 3), 4);
+        assert_eq!(signaled_prefix(&[wr(false)], 0), 1);
+    }
+
+    #[test]
+    fn bad_wr_offsets() {
+        let wrs: Vec<ibv_send_wr> = (0..4).map(|_| zeroed()).collect();
+        let base = wrs.as_ptr();
+        assert_eq!(posted_before(base, base, 4), Some(0));
+        assert_eq!(posted_before(base, base.wrapping_add(3), 4), Some(3));
+        assert_eq!(posted_before(base, base.wrapping_add(4), 4), None);
+        assert_eq!(posted_before(base, ptr::null(), 4), None);
+        let odd = (base as usize + 1) as *const ibv_send_wr;
+        assert_eq!(posted_before(base, odd, 4), None);
+    }
+}
