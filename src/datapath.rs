@@ -954,12 +954,9 @@ fn rx_packet(
             let payload = &payload[..s.total_len];
             let src_mac = match (src_hw, g) {
                 (Some(hw), Some(g)) => {
-                    match cx.neigh.seen(hw, cx.now) {
-                        Some(Learned::QpnChanged { old_qpn }) => {
-                            stats::add(&cx.stats.neigh_updated, 1);
-                            tracing::info!(gid = %hw.gid, old_qpn, new_qpn = hw.qpn, "peer moved to a new QPN");
-                        }
-                        Some(_) | None => {}
+                    if let Some(Learned::QpnChanged { old_qpn }) = cx.neigh.seen(hw, cx.now) {
+                        stats::add(&cx.stats.neigh_updated, 1);
+                        tracing::info!(gid = %hw.gid, old_qpn, new_qpn = hw.qpn, "peer moved to a new QPN");
                     }
                     mac_for_gid(&g.sgid)
                 }

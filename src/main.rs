@@ -133,12 +133,6 @@ struct SimPairArgs {
     /// Control socket of the second interface.
     #[arg(long)]
     control_b: Option<PathBuf>,
-    /// Control socket of the first interface (default /run/uipoib/<tap-a>.sock).
-    #[arg(long)]
-    control_a: Option<PathBuf>,
-    /// Control socket of the second interface.
-    #[arg(long)]
-    control_b: Option<PathBuf>,
     /// Simulated port MTU (256..4096).
     #[arg(long, default_value_t = 4096)]
     port_mtu: u32,
