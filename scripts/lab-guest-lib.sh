@@ -5,7 +5,8 @@
 # The two guests coordinate over their eth0 link only:
 #   lab_sync N [TIMEOUT]      rendezvous number N (0..999): returns on both guests once
 #                             both reached it (a listens on TCP 47000+N, b connects)
-#   lab_wait_listen PORT [TIMEOUT]   wait until a local TCP socket listens on PORT
+#   lab_wait_listen PORT [TIMEOUT] [PID]  wait until a local TCP socket listens on PORT
+#                             (fails at once if process PID, the would-be server, exits)
 #   lab_wait_tcp HOST PORT [TIMEOUT] wait until HOST:PORT accepts a connection (do not
 #                             use against one-shot servers: the probe is a connection)
 #   lab_step TEXT             print a timestamped step header
@@ -34,9 +35,13 @@ lab_sync() {
 }
 
 lab_wait_listen() {
-	local port=$1 timeout=${2:-60}
+	local port=$1 timeout=${2:-60} pid=${3:-}
 	local end=$((SECONDS + timeout))
 	until [[ -n $(ss -Htln "sport = :$port") ]]; do
+		if [[ -n $pid ]] && ! kill -0 "$pid" 2>/dev/null; then
+			echo "lab_wait_listen: process $pid exited before listening on port $port" >&2
+			return 1
+		fi
 		if ((SECONDS >= end)); then
 			echo "lab_wait_listen: nothing listens on port $port after ${timeout}s" >&2
 			return 1
