@@ -32,6 +32,22 @@ LAB_GUEST_MODULES=(crc32_generic virtio_pci virtio_net virtio_rng 9pnet_virtio 9
 # Bump when the initramfs layout changes in a way the hashed inputs do not show.
 LAB_INITRAMFS_FORMAT=1
 
+LAB__PIDS=() # QEMU processes of this run
+LAB__TMPS=() # temporary directories of this run
+
+lab__cleanup() {
+	lab__kill_guests
+	if ((${#LAB__TMPS[@]})); then
+		rm -rf "${LAB__TMPS[@]}"
+		LAB__TMPS=()
+	fi
+}
+# Every script sourcing this file stops its guests and removes its temporary files on
+# exit, Ctrl-C or SIGTERM.
+trap 'lab__cleanup' EXIT
+trap 'lab_log "interrupted; cleaning up"; lab__cleanup; exit 130' INT
+trap 'lab_log "terminated; cleaning up"; lab__cleanup; exit 143' TERM
+
 lab_log() { printf '[lab %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 lab_die() {
 	printf '[lab] ERROR: %s\n' "$*" >&2
@@ -70,6 +86,14 @@ lab_with_cache_lock() {
 	return "$rc"
 }
 
+# A temporary directory in the cache (same filesystem as the results); the caller
+# appends it to LAB__TMPS so that an interrupted build leaves nothing behind. Leftovers
+# of killed runs (older than a day) are removed here.
+lab__mktemp() {
+	find "$LAB_CACHE" -maxdepth 1 -name 'tmp.*' -mtime +1 -exec rm -rf {} + 2>/dev/null || true
+	mktemp -d "$LAB_CACHE/tmp.XXXXXX"
+}
+
 lab__latest_kver() {
 	apt-cache depends linux-image-amd64 2>/dev/null |
 		sed -n 's/^ *Depends: linux-image-\([0-9][^ ]*-amd64\)$/\1/p' | head -n1
@@ -100,7 +124,8 @@ lab__fetch_kernel() {
 	local dir="$LAB_CACHE/kernel/$LAB_KVER"
 	[[ -s $dir/vmlinuz && -s $dir/linux-image.deb ]] && return 0
 	local tmp
-	tmp=$(mktemp -d "$LAB_CACHE/tmp.XXXXXX")
+	tmp=$(lab__mktemp)
+	LAB__TMPS+=("$tmp")
 	lab_log "downloading linux-image-$LAB_KVER"
 	chmod 755 "$tmp"
 	if ! (cd "$tmp" && apt-get -q download "linux-image-$LAB_KVER" >&2); then
@@ -148,7 +173,8 @@ lab__build_initramfs() {
 	[[ -s $LAB_INITRD ]] && return 0
 	lab_log "building the guest initramfs for $LAB_KVER"
 	local tmp
-	tmp=$(mktemp -d "$LAB_CACHE/tmp.XXXXXX")
+	tmp=$(lab__mktemp)
+	LAB__TMPS+=("$tmp")
 	local k="$tmp/k" r="$tmp/root"
 	mkdir -p "$k" "$r"
 	dpkg-deb --fsys-tarfile "$LAB_CACHE/kernel/$LAB_KVER/linux-image.deb" |
@@ -236,10 +262,8 @@ lab_free_port() {
 lab_port_listening() { [[ -n $(ss -Htln "src 127.0.0.1 and sport = :$1" 2>/dev/null) ]]; }
 
 # ---------------------------------------------------------------------------
-# lab_vm_run: the body of `scripts/lab-vm run`. Meant to run in its own process (it
-# installs EXIT/INT/TERM traps).
-
-LAB__PIDS=()
+# lab_vm_run: the body of `scripts/lab-vm run` (the guests are stopped by the traps above
+# if the script is interrupted).
 
 lab__kill_guests() {
 	local pid
@@ -297,6 +321,9 @@ lab_vm_run() {
 			lab_die "path '$s' must be absolute and free of spaces, commas and shell specials"
 	done
 	[[ $out != / ]] || lab_die "OUTDIR must not be /"
+	local lockfd
+	exec {lockfd}>"$out/.lab-vm.lock"
+	flock -n "$lockfd" || lab_die "another lab-vm run is using $out"
 
 	lab_ensure_pkgs "${LAB_VM_PKGS[@]}"
 	lab_kernel
@@ -307,10 +334,6 @@ lab_vm_run() {
 	for r in a b; do
 		rm -f "$out/$r.log" "$out/$r.rc" "$out/$r.console" "$out/$r.qemu.log"
 	done
-
-	trap 'lab__kill_guests' EXIT
-	trap 'lab_log "interrupted; stopping the guests"; lab__kill_guests; exit 130' INT
-	trap 'lab_log "terminated; stopping the guests"; lab__kill_guests; exit 143' TERM
 
 	local start=$SECONDS port pa pb attempt up
 	lab_log "kernel $LAB_KVER; booting guest a ($sa) and guest b ($sb); out=$out; timeout ${timeout}s"
@@ -347,7 +370,6 @@ lab_vm_run() {
 		sleep 1
 	done
 	lab__kill_guests
-	trap - EXIT INT TERM
 
 	local fail=0 rc
 	for r in a b; do
