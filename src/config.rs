@@ -44,6 +44,24 @@ pub const DEFAULT_QKEY: u32 = 0x0B1B;
 /// administratively scoped range; the group never leaves the RDMA link.
 pub const DEFAULT_GROUP: Ipv4Addr = Ipv4Addr::new(239, 18, 0, 1);
 
+/// Send-stall watchdog. The kernel's IPoIB uses a 1 s netdev watchdog; emulated lab
+/// guests stall for longer than that under load without anything being wrong, so 3 s.
+pub const DEFAULT_TX_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Circuit breaker: this many restarts within [`DEFAULT_RESTART_WINDOW`] declare the
+/// interface dead until an operator restart or the device's return.
+pub const DEFAULT_RESTART_MAX: u32 = 10;
+
+/// The circuit breaker's window.
+pub const DEFAULT_RESTART_WINDOW: Duration = Duration::from_secs(60);
+
+/// First delay between consecutive failed restart attempts; doubles up to
+/// [`DEFAULT_BACKOFF_MAX`]. The first restart after a healthy period is immediate.
+pub const DEFAULT_BACKOFF_INITIAL: Duration = Duration::from_millis(10);
+
+/// Longest delay between restart attempts (and between polls for a returning device).
+pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(2);
+
 /// Largest IPoIB MTU: a 4096-byte port MTU minus the 4-byte IPoIB header.
 pub const MAX_IPOIB_MTU: u32 = 4092;
 
@@ -164,6 +182,16 @@ pub struct FileConfig {
     pub neigh_capacity: Option<u32>,
     /// Neighbour max age in seconds.
     pub neigh_max_age_secs: Option<u64>,
+    /// Send-stall watchdog in milliseconds.
+    pub tx_timeout_ms: Option<u64>,
+    /// Circuit breaker: restarts allowed within the window.
+    pub restart_max: Option<u32>,
+    /// Circuit breaker window in seconds.
+    pub restart_window_secs: Option<u64>,
+    /// First backoff between failed restart attempts, in milliseconds.
+    pub backoff_initial_ms: Option<u64>,
+    /// Longest backoff, in milliseconds.
+    pub backoff_max_ms: Option<u64>,
 }
 
 impl FileConfig {
@@ -215,6 +243,11 @@ impl FileConfig {
             group: self.group.or(other.group),
             neigh_capacity: self.neigh_capacity.or(other.neigh_capacity),
             neigh_max_age_secs: self.neigh_max_age_secs.or(other.neigh_max_age_secs),
+            tx_timeout_ms: self.tx_timeout_ms.or(other.tx_timeout_ms),
+            restart_max: self.restart_max.or(other.restart_max),
+            restart_window_secs: self.restart_window_secs.or(other.restart_window_secs),
+            backoff_initial_ms: self.backoff_initial_ms.or(other.backoff_initial_ms),
+            backoff_max_ms: self.backoff_max_ms.or(other.backoff_max_ms),
         }
     }
 }
@@ -254,6 +287,34 @@ pub struct Config {
     pub neigh_capacity: u32,
     /// Neighbour max age.
     pub neigh_max_age: Duration,
+    /// Send-stall watchdog.
+    pub tx_timeout: Duration,
+    /// Restart policy.
+    pub restart: RestartPolicy,
+}
+
+/// When and how often the supervisor restarts an interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestartPolicy {
+    /// Restarts allowed within `window` before the interface is declared dead.
+    pub max_restarts: u32,
+    /// The circuit breaker's window.
+    pub window: Duration,
+    /// First backoff between consecutive failed attempts.
+    pub backoff_initial: Duration,
+    /// Longest backoff.
+    pub backoff_max: Duration,
+}
+
+impl Default for RestartPolicy {
+    fn default() -> Self {
+        RestartPolicy {
+            max_restarts: DEFAULT_RESTART_MAX,
+            window: DEFAULT_RESTART_WINDOW,
+            backoff_initial: DEFAULT_BACKOFF_INITIAL,
+            backoff_max: DEFAULT_BACKOFF_MAX,
+        }
+    }
 }
 
 /// Default control socket for a TAP name.
@@ -396,6 +457,58 @@ impl Config {
                 why: format!("{age} is outside 1..=86400"),
             });
         }
+        let ms = |key: &'static str, v: Option<u64>, d: Duration, lo: u64, hi: u64| {
+            let v = v.unwrap_or(d.as_millis() as u64);
+            if v < lo || v > hi {
+                return Err(ConfigError::Invalid {
+                    key,
+                    why: format!("{v} is outside {lo}..={hi}"),
+                });
+            }
+            Ok(Duration::from_millis(v))
+        };
+        let tx_timeout = ms(
+            "tx-timeout-ms",
+            f.tx_timeout_ms,
+            DEFAULT_TX_TIMEOUT,
+            100,
+            600_000,
+        )?;
+        let backoff_initial = ms(
+            "backoff-initial-ms",
+            f.backoff_initial_ms,
+            DEFAULT_BACKOFF_INITIAL,
+            1,
+            60_000,
+        )?;
+        let backoff_max = ms(
+            "backoff-max-ms",
+            f.backoff_max_ms,
+            DEFAULT_BACKOFF_MAX,
+            1,
+            600_000,
+        )?;
+        if backoff_max < backoff_initial {
+            return Err(ConfigError::Invalid {
+                key: "backoff-max-ms",
+                why: "smaller than backoff-initial-ms".into(),
+            });
+        }
+        let max_restarts = check_range(
+            "restart-max",
+            f.restart_max.unwrap_or(DEFAULT_RESTART_MAX),
+            1,
+            1_000_000,
+        )?;
+        let window_s = f
+            .restart_window_secs
+            .unwrap_or(DEFAULT_RESTART_WINDOW.as_secs());
+        if window_s == 0 || window_s > 86_400 {
+            return Err(ConfigError::Invalid {
+                key: "restart-window-secs",
+                why: format!("{window_s} is outside 1..=86400"),
+            });
+        }
         let control = f.control.unwrap_or_else(|| default_control_path(&tap));
         Ok(Config {
             device,
@@ -414,6 +527,13 @@ impl Config {
             group,
             neigh_capacity,
             neigh_max_age: Duration::from_secs(age),
+            tx_timeout,
+            restart: RestartPolicy {
+                max_restarts,
+                window: Duration::from_secs(window_s),
+                backoff_initial,
+                backoff_max,
+            },
         })
     }
 }
@@ -584,6 +704,35 @@ mod tests {
                     ..base()
                 },
                 "neigh-max-age-secs",
+            ),
+            (
+                FileConfig {
+                    tx_timeout_ms: Some(5),
+                    ..base()
+                },
+                "tx-timeout-ms",
+            ),
+            (
+                FileConfig {
+                    restart_max: Some(0),
+                    ..base()
+                },
+                "restart-max",
+            ),
+            (
+                FileConfig {
+                    restart_window_secs: Some(0),
+                    ..base()
+                },
+                "restart-window-secs",
+            ),
+            (
+                FileConfig {
+                    backoff_initial_ms: Some(500),
+                    backoff_max_ms: Some(100),
+                    ..base()
+                },
+                "backoff-max-ms",
             ),
         ];
         for (cfg, key) in cases {

@@ -2,7 +2,7 @@
 //! mode 0600) speaking line-delimited JSON.
 //!
 //! Requests are one JSON object per line: `{"cmd":"stats"}`, `{"cmd":"status"}`,
-//! `{"cmd":"ping"}`. Replies are one line: `{"ok":true,...}` or
+//! `{"cmd":"restart"}`, `{"cmd":"ping"}`. Replies are one line: `{"ok":true,...}` or
 //! `{"ok":false,"error":"..."}`. Junk gets an error reply, never a crash. The server runs
 //! on its own thread and reads only counters (atomics) and a small status record, so a
 //! slow or hung client can never stall the datapath; each client has a read timeout.
@@ -16,10 +16,13 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use crossbeam_channel::Sender;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::stats::Stats;
+use crate::supervisor::Command;
+pub use crate::supervisor::Status;
 
 /// Longest request line accepted.
 pub const MAX_REQUEST: usize = 64 * 1024;
@@ -65,29 +68,6 @@ pub enum ControlError {
     Refused(String),
 }
 
-/// What `uipoib status` shows.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Status {
-    /// `running`, `stopping`, `failed`.
-    pub state: String,
-    /// TAP name.
-    pub tap: String,
-    /// RDMA device.
-    pub device: String,
-    /// Local QPN.
-    pub qpn: u32,
-    /// Local GID.
-    pub gid: String,
-    /// IPoIB MTU.
-    pub mtu: u32,
-    /// Interface address.
-    pub addr: String,
-    /// Restart epoch.
-    pub epoch: u16,
-    /// Last failure, if any.
-    pub last_failure: Option<String>,
-}
-
 /// A running control server. Dropping it stops the thread and removes the socket.
 pub struct ControlServer {
     path: PathBuf,
@@ -100,7 +80,15 @@ struct Request {
     cmd: String,
 }
 
-fn handle_line(line: &str, stats: &Stats, status: &Mutex<Status>) -> Value {
+/// What the server thread serves.
+struct Ctx {
+    stats: Arc<Stats>,
+    status: Arc<Mutex<Status>>,
+    commands: Option<Sender<Command>>,
+}
+
+fn handle_line(line: &str, cx: &Ctx) -> Value {
+    let (stats, status) = (&cx.stats, &cx.status);
     let req: Request = match serde_json::from_str(line) {
         Ok(r) => r,
         Err(e) => {
@@ -114,14 +102,20 @@ fn handle_line(line: &str, stats: &Stats, status: &Mutex<Status>) -> Value {
             let s = status.lock().map(|s| s.clone()).unwrap_or_default();
             json!({"ok": true, "status": s})
         }
+        "restart" => match &cx.commands {
+            Some(tx) if tx.send(Command::Restart).is_ok() => {
+                json!({"ok": true, "restart": "requested"})
+            }
+            _ => json!({"ok": false, "error": "this interface has no supervisor to restart it"}),
+        },
         other => json!({
             "ok": false,
-            "error": format!("unknown command {other:?}; known: ping, stats, status"),
+            "error": format!("unknown command {other:?}; known: ping, stats, status, restart"),
         }),
     }
 }
 
-fn serve_client(stream: UnixStream, stats: &Stats, status: &Mutex<Status>) -> io::Result<()> {
+fn serve_client(stream: UnixStream, cx: &Ctx) -> io::Result<()> {
     stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
     stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
     let mut reader = BufReader::new((&stream).take(MAX_REQUEST as u64 + 1));
@@ -151,7 +145,7 @@ fn serve_client(stream: UnixStream, stats: &Stats, status: &Mutex<Status>) -> io
         if trimmed.is_empty() {
             continue;
         }
-        let reply = handle_line(trimmed, stats, status);
+        let reply = handle_line(trimmed, cx);
         writeln!(writer, "{reply}")?;
     }
 }
@@ -163,7 +157,13 @@ impl ControlServer {
         path: &Path,
         stats: Arc<Stats>,
         status: Arc<Mutex<Status>>,
+        commands: Option<Sender<Command>>,
     ) -> Result<ControlServer, ControlError> {
+        let cx = Ctx {
+            stats,
+            status,
+            commands,
+        };
         let io_err = |source| ControlError::Io {
             path: path.to_owned(),
             source,
@@ -191,7 +191,7 @@ impl ControlServer {
                     match listener.accept() {
                         Ok((s, _)) => {
                             let _ = s.set_nonblocking(false);
-                            if let Err(e) = serve_client(s, &stats, &status) {
+                            if let Err(e) = serve_client(s, &cx) {
                                 tracing::debug!(error = %e, "control client");
                             }
                         }
@@ -276,7 +276,8 @@ mod tests {
             tap: "uip0".into(),
             ..Default::default()
         }));
-        let srv = ControlServer::start(&path, st.clone(), status).unwrap();
+        let (ctx, crx) = crossbeam_channel::unbounded();
+        let srv = ControlServer::start(&path, st.clone(), status, Some(ctx)).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         let v = request(&path, "stats").unwrap();
@@ -284,6 +285,8 @@ mod tests {
         assert_eq!(v["stats"]["drops"]["tx_ipv6"], 1);
         let v = request(&path, "status").unwrap();
         assert_eq!(v["status"]["tap"], "uip0");
+        request(&path, "restart").unwrap();
+        assert_eq!(crx.try_recv(), Ok(Command::Restart));
         match request(&path, "reboot") {
             Err(ControlError::Refused(m)) => assert!(m.contains("unknown command"), "{m}"),
             other => panic!("{other:?}"),
@@ -303,8 +306,12 @@ mod tests {
             assert_eq!(v["ok"], false, "{line}");
         }
         // A second server on the same path is refused while the first lives.
-        let again =
-            ControlServer::start(&path, st.clone(), Arc::new(Mutex::new(Status::default())));
+        let again = ControlServer::start(
+            &path,
+            st.clone(),
+            Arc::new(Mutex::new(Status::default())),
+            None,
+        );
         assert!(matches!(again, Err(ControlError::InUse(_))));
         // A client that connects and says nothing does not block others for long.
         let _idle = UnixStream::connect(&path).unwrap();
@@ -330,9 +337,14 @@ mod tests {
             &path,
             Arc::new(Stats::default()),
             Arc::new(Mutex::new(Status::default())),
+            None,
         )
         .unwrap();
         request(&path, "ping").unwrap();
+        assert!(matches!(
+            request(&path, "restart"),
+            Err(ControlError::Refused(_))
+        ));
         drop(srv);
     }
 }

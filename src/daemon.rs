@@ -1,24 +1,19 @@
-//! The daemon: opens interfaces, creates and configures their TAPs, starts their pollers
-//! and control sockets, and acts as their supervisor until SIGINT/SIGTERM.
-//!
-//! Supervision today: a poller that fails hands its interface over on a crossbeam
-//! channel; the supervisor logs the cause, tears the interface down in order (QP to
-//! error, drain flushes, detach, destroy, reap), checks the ledger, and the daemon exits
-//! non-zero. Signals stop every poller, tear every interface down the same way and print
-//! the counters.
+//! The daemon: opens interfaces, creates and configures their TAPs, starts a restart
+//! supervisor (which runs the poller) and a control socket for each, and waits for
+//! SIGINT/SIGTERM. Then every supervisor tears its interface down in order and the
+//! counters are printed.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use crossbeam_channel::{Receiver, select, unbounded};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
 use crate::config::Config;
-use crate::control::{ControlError, ControlServer, Status};
-use crate::datapath::{FLUSH_DEADLINE, Failure, Interface, OpenError, Params};
-use crate::poller::{Exit, Poller};
+use crate::control::{ControlError, ControlServer};
+use crate::datapath::{Interface, OpenError, Params};
 use crate::stats::Stats;
+use crate::supervisor::{Setup, Status, Supervisor};
 use crate::tap::{Tap, TapDevice, TapError};
 use crate::verbs::Provider;
 
@@ -62,16 +57,14 @@ pub struct Spec {
 /// How the daemon ended.
 #[derive(Debug)]
 pub struct Outcome {
-    /// Per interface: name, final counters, teardown verdict.
+    /// Per interface: name, final counters, last teardown's ledger verdict.
     pub interfaces: Vec<(String, crate::stats::Snapshot, Result<(), String>)>,
-    /// The failure that ended it, if one did.
-    pub failure: Option<String>,
 }
 
 impl Outcome {
-    /// Exit code: 0 after a clean stop with balanced ledgers, 1 otherwise.
+    /// Exit code: 0 when every ledger balanced at the end, 1 otherwise.
     pub fn exit_code(&self) -> i32 {
-        if self.failure.is_none() && self.interfaces.iter().all(|(_, _, l)| l.is_ok()) {
+        if self.interfaces.iter().all(|(_, _, l)| l.is_ok()) {
             0
         } else {
             1
@@ -80,65 +73,18 @@ impl Outcome {
 }
 
 struct Running {
-    name: String,
-    poller: Option<Poller>,
-    status: Arc<Mutex<Status>>,
-    stats: Arc<Stats>,
-    _tap: Arc<Tap>,
+    supervisor: Supervisor,
     _control: ControlServer,
+    _tap: Arc<Tap>,
 }
 
-/// Run interfaces until a signal (or until `stop` receives), then tear down.
+/// Run interfaces until SIGINT/SIGTERM (or until `stop` receives), then tear down.
 pub fn run(
     specs: Vec<Spec>,
-    provider: &dyn Provider,
+    provider: Arc<dyn Provider>,
     stop: Option<Receiver<()>>,
 ) -> Result<Outcome, DaemonError> {
-    let (exit_tx, exit_rx) = unbounded::<Exit>();
-    let mut running: Vec<Running> = Vec::new();
-    for spec in &specs {
-        let c = &spec.config;
-        let stats = Arc::new(Stats::default());
-        let iface = Interface::open(provider, &Params::from_config(c), stats.clone(), 1).map_err(
-            |source| DaemonError::Open {
-                tap: c.tap.clone(),
-                source,
-            },
-        )?;
-        let tap = Arc::new(Tap::create(&c.tap)?);
-        tap.configure(iface.mac(), iface.mtu(), c.addr, spec.netns.as_deref())?;
-        let hw = iface.hw_addr();
-        let status = Arc::new(Mutex::new(Status {
-            state: "running".into(),
-            tap: c.tap.clone(),
-            device: c.device.clone(),
-            qpn: hw.qpn,
-            gid: hw.gid.to_string(),
-            mtu: iface.mtu() as u32,
-            addr: c.addr.to_string(),
-            epoch: 1,
-            last_failure: None,
-        }));
-        let control = ControlServer::start(&c.control, stats.clone(), status.clone())?;
-        tracing::info!(tap = %c.tap, addr = %c.addr, mac = %iface.mac(), mtu = iface.mtu(), control = %c.control.display(), "interface up");
-        let dev: Arc<dyn TapDevice> = tap.clone();
-        let poller =
-            Poller::spawn(c.tap.clone(), iface, dev, exit_tx.clone()).map_err(|source| {
-                DaemonError::Io {
-                    what: "starting the poller",
-                    source,
-                }
-            })?;
-        running.push(Running {
-            name: c.tap.clone(),
-            poller: Some(poller),
-            status,
-            stats,
-            _tap: tap,
-            _control: control,
-        });
-    }
-
+    // Signals first, so a signal during start-up is not lost.
     let (sig_tx, sig_rx) = unbounded::<i32>();
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).map_err(|source| {
         DaemonError::Io {
@@ -154,95 +100,96 @@ pub fn run(
             }
         }
     });
-    let never = crossbeam_channel::never();
-    let stop_rx = stop.unwrap_or(never);
 
+    let mut running: Vec<Running> = Vec::new();
+    let started = (|| {
+        for spec in &specs {
+            running.push(start(spec, provider.clone())?);
+        }
+        Ok::<(), DaemonError>(())
+    })();
+    if let Err(e) = started {
+        for r in running {
+            let _ = r.supervisor.shutdown();
+        }
+        sig_handle.close();
+        let _ = sig_thread.join();
+        return Err(e);
+    }
+
+    let stop_rx = stop.unwrap_or_else(crossbeam_channel::never);
+    select! {
+        recv(sig_rx) -> s => tracing::info!(signal = s.unwrap_or(0), "stopping"),
+        recv(stop_rx) -> _ => tracing::info!("stopping"),
+    }
     let mut outcome = Outcome {
         interfaces: Vec::new(),
-        failure: None,
     };
-    let mut pending = running.len();
-    let mut stopping = false;
-    let stop_all = |running: &mut Vec<Running>| {
-        for r in running.iter_mut() {
-            if let Some(p) = &r.poller {
-                p.stop();
-            }
-            if let Ok(mut s) = r.status.lock() {
-                s.state = "stopping".into();
-            }
-        }
-    };
-    while pending > 0 {
-        select! {
-            recv(sig_rx) -> s => {
-                if !stopping {
-                    tracing::info!(signal = s.unwrap_or(0), "stopping");
-                    stopping = true;
-                    stop_all(&mut running);
-                }
-            }
-            recv(stop_rx) -> _ => {
-                if !stopping {
-                    stopping = true;
-                    stop_all(&mut running);
-                }
-            }
-            recv(exit_rx) -> exit => {
-                let Ok(exit) = exit else { break };
-                pending -= 1;
-                let (name, iface, failure) = match exit {
-                    Exit::Stopped { name, iface } => (name, iface, None),
-                    Exit::Failed { name, iface, cause, at } => (name, iface, Some((cause, at))),
-                };
-                if let Some((cause, at)) = &failure {
-                    supervise_failure(&name, cause, *at);
-                    if let Some(r) = running.iter().find(|r| r.name == name)
-                        && let Ok(mut s) = r.status.lock()
-                    {
-                        s.state = "failed".into();
-                        s.last_failure = Some(cause.to_string());
-                    }
-                    outcome.failure.get_or_insert_with(|| format!("{name}: {cause}"));
-                    if !stopping {
-                        // Without a restart policy the daemon ends: stop the others too.
-                        stopping = true;
-                        stop_all(&mut running);
-                    }
-                }
-                let r = running.iter_mut().find(|r| r.name == name);
-                let t = iface.shutdown(FLUSH_DEADLINE);
-                if let Err(e) = &t.ledger {
-                    tracing::error!(iface = %name, error = %e, "ledger does not balance after teardown");
-                }
-                tracing::info!(iface = %name, reaped = t.reaped, errors = t.errors, "interface torn down");
-                if let Some(r) = r {
-                    if let Some(p) = r.poller.take() {
-                        p.join();
-                    }
-                    outcome.interfaces.push((name, r.stats.snapshot(), t.ledger));
-                }
-            }
+    for r in running {
+        if let Some(e) = r.supervisor.shutdown() {
+            tracing::info!(iface = %e.name, ledger = ?e.ledger, "interface torn down");
+            outcome.interfaces.push((e.name, e.stats, e.ledger));
         }
     }
     sig_handle.close();
     let _ = sig_thread.join();
-    drop(running);
     Ok(outcome)
 }
 
-/// What the supervisor does with a failed interface in this version: say so clearly.
-/// (The interface is then torn down by the caller; restart is not attempted.)
-fn supervise_failure(name: &str, cause: &Failure, at: Instant) {
-    tracing::error!(
-        iface = %name,
-        %cause,
-        since_ms = at.elapsed().as_millis() as u64,
-        "interface failed; tearing it down (no restart policy configured)"
-    );
+fn start(spec: &Spec, provider: Arc<dyn Provider>) -> Result<Running, DaemonError> {
+    let c = &spec.config;
+    let stats = Arc::new(Stats::default());
+    let params = Params::from_config(c);
+    let iface = Interface::open(provider.as_ref(), &params, stats.clone(), 1, &mut None).map_err(
+        |source| DaemonError::Open {
+            tap: c.tap.clone(),
+            source,
+        },
+    )?;
+    let tap = Arc::new(Tap::create(&c.tap)?);
+    tap.configure(iface.mac(), iface.mtu(), c.addr, spec.netns.as_deref())?;
+    let status = Arc::new(Mutex::new(Status {
+        state: "starting".into(),
+        tap: c.tap.clone(),
+        device: c.device.clone(),
+        addr: c.addr.to_string(),
+        epoch: 1,
+        ..Default::default()
+    }));
+    tracing::info!(tap = %c.tap, addr = %c.addr, mac = %iface.mac(), mtu = iface.mtu(), control = %c.control.display(), "interface up");
+    let dev: Arc<dyn TapDevice> = tap.clone();
+    let supervisor = Supervisor::spawn(
+        Setup {
+            name: c.tap.clone(),
+            params,
+            policy: c.restart,
+            provider,
+            tap: dev,
+            stats: stats.clone(),
+            status: status.clone(),
+        },
+        iface,
+    )
+    .map_err(|source| DaemonError::Io {
+        what: "starting the supervisor",
+        source,
+    })?;
+    let control = match ControlServer::start(&c.control, stats, status, Some(supervisor.commands()))
+    {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = supervisor.shutdown();
+            return Err(e.into());
+        }
+    };
+    Ok(Running {
+        supervisor,
+        _control: control,
+        _tap: tap,
+    })
 }
 
-/// Default path of an interface's control socket, for the CLI.
+/// The control socket path for the CLI: `--control`, else the TAP's default.
 pub fn control_path(tap: Option<&str>, control: Option<PathBuf>) -> Option<PathBuf> {
     control.or_else(|| tap.map(crate::config::default_control_path))
 }

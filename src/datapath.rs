@@ -58,7 +58,14 @@ pub struct Params {
     pub neigh_capacity: u32,
     /// Neighbour max age.
     pub neigh_max_age: Duration,
+    /// Send-stall watchdog: sends outstanding and no send completion for this long
+    /// restarts the interface.
+    pub tx_timeout: Duration,
 }
+
+/// A peer being sent to that has been silent this long is re-resolved by ARP (it may
+/// have restarted at a new QPN and its announcement been lost).
+pub const PEER_SILENT_PROBE: Duration = Duration::from_secs(3);
 
 impl Params {
     /// Parameters from a validated configuration.
@@ -82,6 +89,7 @@ impl Params {
             },
             neigh_capacity: c.neigh_capacity,
             neigh_max_age: c.neigh_max_age,
+            tx_timeout: c.tx_timeout,
         }
     }
 }
@@ -121,6 +129,43 @@ pub enum Failure {
     /// The poller's own I/O (epoll) failed.
     #[error("poller I/O failed: {0}")]
     Io(io::Error),
+    /// Sends outstanding and no send completion for the watchdog's time.
+    #[error("send stall: {outstanding} sends outstanding, no send completion for {since:?}")]
+    TxStall {
+        /// Sends outstanding.
+        outstanding: u64,
+        /// Time since the last send completion.
+        since: Duration,
+    },
+    /// An operator asked for a restart.
+    #[error("operator requested a restart")]
+    Operator,
+}
+
+impl Failure {
+    /// Short name of the cause, for status and reports.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Failure::PollFailed(_) => "poll-failed",
+            Failure::Verbs(_) => "verbs-error",
+            Failure::AsyncFatal(crate::verbs::AsyncEvent::DeviceRemoved) => "device-removed",
+            Failure::AsyncFatal(crate::verbs::AsyncEvent::DeviceFatal) => "device-fatal",
+            Failure::AsyncFatal(_) => "async-fatal",
+            Failure::Io(_) => "poller-io",
+            Failure::TxStall { .. } => "tx-stall",
+            Failure::Operator => "operator",
+        }
+    }
+
+    /// Whether the device itself is gone or broken (close it and wait for it to return).
+    pub fn device_lost(&self) -> bool {
+        matches!(
+            self,
+            Failure::AsyncFatal(
+                crate::verbs::AsyncEvent::DeviceRemoved | crate::verbs::AsyncEvent::DeviceFatal
+            )
+        )
+    }
 }
 
 /// Allows a bounded number of log lines per second (for peer-triggerable messages).
@@ -172,6 +217,10 @@ impl RateLimit {
 pub struct Teardown {
     /// Work requests reaped (their completion never came).
     pub reaped: u64,
+    /// Of those, sends (each counted as a drop with reason `reaped`).
+    pub sends_reaped: u64,
+    /// Flush completions drained before the deadline.
+    pub flushed: u64,
     /// Destroy calls that failed.
     pub errors: u64,
     /// The ledger's verdict after the reap.
@@ -200,16 +249,22 @@ pub struct Interface {
     chain: Vec<SendWr>,
     chain_meta: Vec<SendMeta>,
     destroy: Vec<AhHandle>,
+    probe: Vec<Ipv4Addr>,
     log: RateLimit,
+    tx_timeout: Duration,
+    last_tx_progress: Instant,
 }
 
 impl Interface {
     /// Open the endpoint, join the broadcast group and post the receive ring.
+    /// `neigh` carries the neighbour table over from a previous epoch (its AHs were
+    /// destroyed with that epoch's endpoint).
     pub fn open(
         provider: &dyn Provider,
         p: &Params,
         stats: Arc<Stats>,
         epoch: u16,
+        neigh: &mut Option<Neighbours>,
     ) -> Result<Interface, OpenError> {
         let mut ep = provider.open(&p.endpoint)?;
         let a = ep.attrs().clone();
@@ -230,7 +285,9 @@ impl Interface {
         let own_hw = IpoibAddr::new(a.qpn, a.gid);
         let mut iface = Interface {
             ledger: Ledger::new(epoch, a.recv_slots, a.send_slots),
-            neigh: Neighbours::new(p.neigh_capacity as usize, p.neigh_max_age),
+            neigh: neigh
+                .take()
+                .unwrap_or_else(|| Neighbours::new(p.neigh_capacity as usize, p.neigh_max_age)),
             stats,
             addr: p.addr,
             mtu: mtu as usize,
@@ -248,7 +305,10 @@ impl Interface {
             chain: Vec::with_capacity(a.send_slots as usize),
             chain_meta: Vec::with_capacity(a.send_slots as usize),
             destroy: Vec::new(),
+            probe: Vec::new(),
             log: RateLimit::new(10),
+            tx_timeout: p.tx_timeout,
+            last_tx_progress: Instant::now(),
             ep,
         };
         stats::add(&iface.stats.ah_created, 1);
@@ -405,6 +465,7 @@ impl Interface {
         let acc = match self.ledger.complete(c.wr_id, c.status) {
             Ok(a) => a,
             Err(e) => {
+                stats::add(&self.stats.completions_rejected, 1);
                 if self.log.allow(now) {
                     tracing::warn!(error = %e, "send completion rejected by the ledger");
                 }
@@ -412,6 +473,7 @@ impl Interface {
             }
         };
         let meta = acc.send.unwrap_or_default();
+        self.last_tx_progress = now;
         match c.status {
             WcStatus::Success => {
                 stats::add(&self.stats.send_completed, 1);
@@ -441,6 +503,7 @@ impl Interface {
         let slot = match self.ledger.complete(c.wr_id, c.status) {
             Ok(a) => a.id.slot,
             Err(e) => {
+                stats::add(&self.stats.completions_rejected, 1);
                 if self.log.allow(now) {
                     tracing::warn!(error = %e, "receive completion rejected by the ledger");
                 }
@@ -563,7 +626,7 @@ impl Interface {
                 let dest = if h.dst.is_multicast() {
                     self.group_dest()
                 } else {
-                    match self.unicast_dest(&h.dst) {
+                    match self.unicast_dest(&h.dst, now) {
                         Ok(d) => d,
                         Err(DropReason::TxNoNeighbour) => {
                             self.resolve(sum.dst, now);
@@ -583,14 +646,14 @@ impl Interface {
             }
             ETHERTYPE_ARP => {
                 let a = EthArp::parse(payload).map_err(|_| DropReason::TxBadArp)?;
-                self.tx_arp(&h, &a)
+                self.tx_arp(&h, &a, now)
             }
             ETHERTYPE_IPV6 => Err(DropReason::TxIpv6),
             _ => Err(DropReason::TxUnsupported),
         }
     }
 
-    fn tx_arp(&mut self, h: &EthHeader, a: &EthArp) -> Result<(), DropReason> {
+    fn tx_arp(&mut self, h: &EthHeader, a: &EthArp, now: Instant) -> Result<(), DropReason> {
         let tha = if a.tha == self.own_mac {
             self.own_hw
         } else {
@@ -605,7 +668,7 @@ impl Interface {
         let dest = if h.dst.is_multicast() {
             self.group_dest()
         } else {
-            match self.unicast_dest(&h.dst) {
+            match self.unicast_dest(&h.dst, now) {
                 Ok(d) => d,
                 // A unicast request (the kernel re-validating an entry) to a peer we
                 // lost: ask everyone instead.
@@ -689,8 +752,13 @@ impl Interface {
         )
     }
 
-    fn unicast_dest(&mut self, mac: &Mac) -> Result<(Dest, Option<AhHandle>), DropReason> {
+    fn unicast_dest(
+        &mut self,
+        mac: &Mac,
+        now: Instant,
+    ) -> Result<(Dest, Option<AhHandle>), DropReason> {
         let peer = *self.neigh.by_mac(mac).ok_or(DropReason::TxNoNeighbour)?;
+        self.neigh.mark_used(mac, now);
         let ah = match peer.ah {
             Some(ah) => ah,
             None => match self.ep.create_ah(&peer.hw.gid) {
@@ -744,6 +812,10 @@ impl Interface {
                 e.posted
             }
         };
+        if self.ledger.totals(Ring::Send).outstanding == 0 {
+            // The watchdog measures from the oldest unanswered send.
+            self.last_tx_progress = now;
+        }
         for (i, (wr, meta)) in self.chain.iter().zip(self.chain_meta.iter()).enumerate() {
             if i < posted {
                 self.ledger.posted_send(wr.slot, *meta);
@@ -761,24 +833,44 @@ impl Interface {
         self.sync_gauges();
     }
 
-    /// Periodic work: age neighbours, destroy their idle AHs.
-    pub fn housekeeping(&mut self, now: Instant) {
+    /// Periodic work: age neighbours and destroy their idle AHs, re-resolve peers that
+    /// went silent while in use, and run the send-stall watchdog.
+    pub fn housekeeping(&mut self, now: Instant) -> Result<(), Failure> {
         let before = self.neigh.evicted();
         self.neigh.expire(now, &mut self.destroy);
         stats::add(&self.stats.neigh_evicted, self.neigh.evicted() - before);
         self.release_ahs();
+        let mut probe = std::mem::take(&mut self.probe);
+        self.neigh
+            .silent_in_use(now, PEER_SILENT_PROBE, PEER_SILENT_PROBE, &mut probe);
+        for ip in probe.drain(..) {
+            self.resolve(ip, now);
+        }
+        self.probe = probe;
+        self.flush_chain(now);
         self.sync_gauges();
+        let outstanding = self.ledger.totals(Ring::Send).outstanding;
+        let since = now.saturating_duration_since(self.last_tx_progress);
+        if outstanding > 0 && since >= self.tx_timeout {
+            return Err(Failure::TxStall { outstanding, since });
+        }
+        Ok(())
     }
 
     /// Tear down in order: QP to error, drain flushes (bounded by `deadline`), detach the
     /// group, destroy AHs, destroy the endpoint, reap what never completed, check the
     /// ledger. Never panics; failures are counted.
-    pub fn shutdown(mut self, deadline: Duration) -> Teardown {
+    /// The neighbour table is handed back for the next epoch.
+    pub fn shutdown(mut self, deadline: Duration) -> (Teardown, Neighbours) {
         let mut t = Teardown {
             reaped: 0,
+            sends_reaped: 0,
+            flushed: 0,
             errors: 0,
             ledger: Ok(()),
         };
+        let flushed_before =
+            stats::get(&self.stats.recv_flushed) + stats::get(&self.stats.send_flushed);
         let start = Instant::now();
         if let Err(e) = self.ep.set_qp_error() {
             t.errors += 1;
@@ -805,7 +897,8 @@ impl Interface {
         }
         // Every send is accounted for below (completed, flushed or reaped), so every AH
         // can go.
-        let mut ahs = self.neigh.clear();
+        let mut ahs = self.neigh.take_ahs();
+        ahs.append(&mut self.destroy);
         ahs.push(self.group_ah);
         for ah in ahs {
             match self.ep.destroy_ah(ah) {
@@ -818,16 +911,29 @@ impl Interface {
         }
         // Sends reaped here never completed: whether they left is unknown, so each is
         // counted as dropped with reason `reaped`.
+        // The endpoint goes first (QP, CQs, channel, MR, PD, context): after that no
+        // completion can come for anything still posted, so it is reaped.
+        drop(self.ep);
         for _ in self.ledger.reap_all() {
             self.stats.count_drop(DropReason::TxReaped);
+            t.sends_reaped += 1;
         }
-        let r = self.ledger.totals(Ring::Recv).reaped + self.ledger.totals(Ring::Send).reaped;
-        t.reaped = r;
+        t.reaped = self.ledger.totals(Ring::Recv).reaped + self.ledger.totals(Ring::Send).reaped;
+        t.flushed = stats::get(&self.stats.recv_flushed) + stats::get(&self.stats.send_flushed)
+            - flushed_before;
+        stats::add(&self.stats.wr_reaped, t.reaped);
         t.ledger = self.ledger.check();
+        if t.ledger.is_ok()
+            && self.ledger.totals(Ring::Recv).outstanding
+                + self.ledger.totals(Ring::Send).outstanding
+                != 0
+        {
+            t.ledger = Err("work requests still outstanding after the reap".into());
+        }
         stats::add(&self.stats.teardown_errors, t.errors);
-        self.sync_gauges();
-        drop(self.ep);
-        t
+        stats::set(&self.stats.recv_outstanding, 0);
+        stats::set(&self.stats.send_outstanding, 0);
+        (t, self.neigh)
     }
 
     fn outstanding(&self) -> u64 {

@@ -13,6 +13,7 @@ pub mod napi;
 pub mod neigh;
 pub mod poller;
 pub mod stats;
+pub mod supervisor;
 pub mod tap;
 pub mod verbs;
 pub mod wire;

@@ -4,6 +4,7 @@
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
@@ -12,6 +13,7 @@ use uipoib::config::{Config, ConfigError, FileConfig};
 use uipoib::control;
 use uipoib::daemon::{self, Spec};
 use uipoib::stats::Snapshot;
+use uipoib::supervisor::Status;
 use uipoib::verbs::rdma::RdmaProvider;
 use uipoib::verbs::sim::SimFabric;
 
@@ -32,8 +34,10 @@ enum Cmd {
     Up(UpArgs),
     /// Print a running daemon's counters.
     Stats(QueryArgs),
-    /// Print a running daemon's state.
+    /// Print a running daemon's state and restart history.
     Status(QueryArgs),
+    /// Ask a running daemon to restart its interface (also revives a dead one).
+    Restart(QueryArgs),
     /// Run two interfaces over the in-process simulated fabric, each TAP in its own
     /// network namespace (for tests; not a measurement of any RDMA device).
     SimPair(SimPairArgs),
@@ -192,9 +196,6 @@ fn print_outcome(o: &daemon::Outcome) {
             Err(e) => println!("ledger NOT balanced: {e}"),
         }
     }
-    if let Some(f) = &o.failure {
-        println!("failure: {f}");
-    }
 }
 
 fn main() -> ExitCode {
@@ -214,13 +215,13 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let provider = RdmaProvider::new();
+            let provider = Arc::new(RdmaProvider::new());
             match daemon::run(
                 vec![Spec {
                     config: cfg,
                     netns: None,
                 }],
-                &provider,
+                provider,
                 None,
             ) {
                 Ok(o) => {
@@ -235,6 +236,7 @@ fn main() -> ExitCode {
         }
         Cmd::Stats(q) => query(&q, "stats"),
         Cmd::Status(q) => query(&q, "status"),
+        Cmd::Restart(q) => query(&q, "restart"),
         Cmd::SimPair(a) => sim_pair(a),
     }
 }
@@ -257,13 +259,16 @@ fn query(q: &QueryArgs, cmd: &str) -> ExitCode {
                         return ExitCode::from(1);
                     }
                 }
-            } else if let Some(obj) = body.as_object() {
-                for (k, v) in obj {
-                    println!(
-                        "{k:<14} {}",
-                        v.as_str().map(str::to_string).unwrap_or(v.to_string())
-                    );
+            } else if cmd == "status" {
+                match serde_json::from_value::<Status>(body.clone()) {
+                    Ok(s) => print!("{}", status_text(&s)),
+                    Err(e) => {
+                        eprintln!("uipoib: unexpected status from the daemon: {e}");
+                        return ExitCode::from(1);
+                    }
                 }
+            } else {
+                println!("restart requested");
             }
             ExitCode::SUCCESS
         }
@@ -274,8 +279,45 @@ fn query(q: &QueryArgs, cmd: &str) -> ExitCode {
     }
 }
 
+fn status_text(s: &Status) -> String {
+    use std::fmt::Write as _;
+    let mut t = String::new();
+    let _ = writeln!(t, "state     {}", s.state);
+    if let Some(why) = &s.dead_reason {
+        let _ = writeln!(t, "dead      {why}");
+    }
+    let _ = writeln!(t, "tap       {} ({})", s.tap, s.addr);
+    let _ = writeln!(t, "device    {}", s.device);
+    let _ = writeln!(t, "qpn       {}", s.qpn);
+    let _ = writeln!(t, "gid       {}", s.gid);
+    let _ = writeln!(t, "mtu       {}", s.mtu);
+    let _ = writeln!(t, "epoch     {}", s.epoch);
+    let _ = writeln!(t, "restarts  {}", s.restarts);
+    if !s.history.is_empty() {
+        let _ = writeln!(
+            t,
+            "{:>5}  {:<16} {:>12} {:>9} {:>8} {:>7}  detail",
+            "epoch", "cause", "recovery_ms", "wr_reaped", "dropped", "ledger"
+        );
+        for r in &s.history {
+            let _ = writeln!(
+                t,
+                "{:>5}  {:<16} {:>12.1} {:>9} {:>8} {:>7}  {}",
+                r.epoch,
+                r.cause,
+                r.recovery_ms,
+                r.wr_reaped,
+                r.sends_reaped,
+                if r.ledger_balanced { "ok" } else { "BAD" },
+                r.detail
+            );
+        }
+    }
+    t
+}
+
 fn sim_pair(a: SimPairArgs) -> ExitCode {
-    let fabric = SimFabric::new();
+    let fabric = Arc::new(SimFabric::new());
     let devs = [
         ("sim0", Ipv4Addr::new(198, 18, 0, 1)),
         ("sim1", Ipv4Addr::new(198, 18, 0, 2)),
@@ -309,7 +351,7 @@ fn sim_pair(a: SimPairArgs) -> ExitCode {
             }
         }
     }
-    match daemon::run(specs, &fabric, None) {
+    match daemon::run(specs, fabric.clone(), None) {
         Ok(o) => {
             print_outcome(&o);
             println!("fabric: {:?}", fabric.counters());

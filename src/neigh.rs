@@ -34,6 +34,8 @@ pub struct Peer {
     pub last_seen: Instant,
     /// Last IPv4 address learned for it.
     pub ip: Option<Ipv4Addr>,
+    /// Last time a frame was sent to it.
+    pub last_used: Option<Instant>,
 }
 
 /// What [`Neighbours::learn`] did.
@@ -130,6 +132,7 @@ impl Neighbours {
                         ah: None,
                         last_seen: now,
                         ip,
+                        last_used: None,
                     },
                 );
                 Learned::New
@@ -181,6 +184,47 @@ impl Neighbours {
         if let Some(p) = self.peers.get_mut(mac) {
             p.ah = Some(ah);
         }
+    }
+
+    /// A frame is being sent to the peer behind `mac`.
+    pub fn mark_used(&mut self, mac: &Mac, now: Instant) {
+        if let Some(p) = self.peers.get_mut(mac) {
+            p.last_used = Some(now);
+        }
+    }
+
+    /// Peers that are being sent to (within `window`) but have not been heard from for
+    /// `silent` longer than that: they may have moved to a new QPN whose announcement was
+    /// lost. Their IPv4 addresses go to `out`, to be re-resolved.
+    pub fn silent_in_use(
+        &self,
+        now: Instant,
+        silent: Duration,
+        window: Duration,
+        out: &mut Vec<Ipv4Addr>,
+    ) {
+        for p in self.peers.values() {
+            if let (Some(used), Some(ip)) = (p.last_used, p.ip)
+                && now.saturating_duration_since(used) < window
+                && used.saturating_duration_since(p.last_seen) >= silent
+            {
+                out.push(ip);
+            }
+        }
+    }
+
+    /// Take every address handle out of the table (live and retiring), keeping the
+    /// peers: used when the endpoint that owns the AHs is torn down for a restart. New
+    /// AHs are created on first use after the rebuild.
+    pub fn take_ahs(&mut self) -> Vec<AhHandle> {
+        let mut all: Vec<AhHandle> = self
+            .peers
+            .values_mut()
+            .filter_map(|p| p.ah.take())
+            .collect();
+        all.append(&mut self.retiring);
+        self.inflight.clear();
+        all
     }
 
     /// A send using `ah` was posted.
@@ -287,16 +331,6 @@ impl Neighbours {
         self.resolving.clear();
         all
     }
-
-    /// Forget every AH (they were destroyed with their endpoint) but keep the peers: after
-    /// a rebuild, new AHs are created on first use.
-    pub fn forget_ahs(&mut self) {
-        for p in self.peers.values_mut() {
-            p.ah = None;
-        }
-        self.retiring.clear();
-        self.inflight.clear();
-    }
 }
 
 #[cfg(test)]
@@ -391,6 +425,35 @@ mod tests {
         let (m2, _) = n.learn(Some(ip(1)), hw(2, 17), t0, &mut d);
         assert_eq!(n.by_ip(ip(1)).unwrap().0, m2);
         assert_eq!(n.by_mac(&m1).unwrap().ip, None);
+    }
+
+    #[test]
+    fn silent_peers_in_use_are_found_and_take_ahs_keeps_peers() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(3);
+        let mut n = Neighbours::new(8, Duration::from_secs(300));
+        let mut d = vec![];
+        let (m, _) = n.learn(Some(ip(1)), hw(1, 17), t0, &mut d);
+        n.set_ah(&m, AhHandle(3));
+        n.send_started(AhHandle(3));
+        let mut out = vec![];
+        n.mark_used(&m, t0 + Duration::from_secs(2));
+        n.silent_in_use(t0 + Duration::from_secs(2), s, s, &mut out);
+        assert!(out.is_empty(), "heard from recently enough");
+        n.mark_used(&m, t0 + Duration::from_secs(4));
+        n.silent_in_use(t0 + Duration::from_secs(4), s, s, &mut out);
+        assert_eq!(out, vec![ip(1)]);
+        out.clear();
+        n.silent_in_use(t0 + Duration::from_secs(60), s, s, &mut out);
+        assert!(out.is_empty(), "not in use any more");
+        assert_eq!(n.take_ahs(), vec![AhHandle(3)]);
+        assert_eq!(n.len(), 1);
+        assert_eq!(n.by_mac(&m).unwrap().ah, None);
+        assert_eq!(
+            n.send_finished(AhHandle(3)),
+            None,
+            "in-flight counts were reset"
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@
 
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -56,10 +56,17 @@ pub enum Exit {
     },
 }
 
+/// Nothing asked of the poller.
+const RUN: u8 = 0;
+/// Stop and hand the interface back intact.
+const STOP: u8 = 1;
+/// Stop and hand the interface to the supervisor for a restart.
+const RESTART: u8 = 2;
+
 /// A running poller.
 pub struct Poller {
     waker: Arc<Waker>,
-    stop: Arc<AtomicBool>,
+    request: Arc<AtomicU8>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -77,25 +84,40 @@ impl Poller {
         poll.registry()
             .register(&mut SourceFd(&fd), TAP, Interest::READABLE)?;
         iface.endpoint_mut().register(poll.registry(), CQ, ASYNC)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = stop.clone();
+        let request = Arc::new(AtomicU8::new(RUN));
+        let request2 = request.clone();
         let thread = std::thread::Builder::new()
             .name(format!("poll-{name}"))
             .spawn(move || {
-                let exit = run(name, iface, tap.as_ref(), poll, &stop2);
+                let exit = run(name, iface, tap.as_ref(), poll, &request2);
                 // The receiver may be gone when the daemon is exiting; nothing to do then.
                 let _ = exits.send(exit);
             })?;
         Ok(Poller {
             waker,
-            stop,
+            request,
             thread: Some(thread),
         })
     }
 
     /// Ask the poller to stop; it reports [`Exit::Stopped`].
     pub fn stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
+        self.ask(STOP);
+    }
+
+    /// Ask the poller to hand its interface over for a restart; it reports
+    /// [`Exit::Failed`] with [`Failure::Operator`].
+    pub fn restart(&self) {
+        self.ask(RESTART);
+    }
+
+    fn ask(&self, what: u8) {
+        // A stop wins over a restart already asked for.
+        let _ = self
+            .request
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
+                (what == STOP || cur == RUN).then_some(what)
+            });
         if let Err(e) = self.waker.wake() {
             tracing::warn!(error = %e, "waking the poller failed");
         }
@@ -116,12 +138,13 @@ fn run(
     mut iface: Interface,
     tap: &dyn TapDevice,
     mut poll: Poll,
-    stop: &AtomicBool,
+    request: &AtomicU8,
 ) -> Exit {
     let mut napi = Napi::new(iface.budget());
     let mut gate = TxGate::new();
     let mut events = Events::with_capacity(64);
     let mut next_hk = Instant::now() + HOUSEKEEPING_INTERVAL;
+    let mut published = Published::default();
     iface.announce(Instant::now());
     let result: Result<(), Failure> = (|| {
         loop {
@@ -161,9 +184,19 @@ fn run(
                                     return Err(Failure::AsyncFatal(ev));
                                 }
                                 AsyncEvent::PortDown => {
-                                    tracing::warn!(iface = %name, "port down")
+                                    tracing::warn!(iface = %name, "port down: carrier off until it is active again");
+                                    if let Err(e) = tap.set_carrier(false) {
+                                        tracing::warn!(error = %e, "setting the TAP carrier failed");
+                                    }
+                                    stats::add(&iface.stats().port_down_events, 1);
                                 }
-                                AsyncEvent::PortUp => tracing::info!(iface = %name, "port up"),
+                                AsyncEvent::PortUp => {
+                                    tracing::info!(iface = %name, "port active: carrier on");
+                                    if let Err(e) = tap.set_carrier(true) {
+                                        tracing::warn!(error = %e, "setting the TAP carrier failed");
+                                    }
+                                    iface.announce(Instant::now());
+                                }
                                 AsyncEvent::Other(n) => {
                                     tracing::debug!(iface = %name, event = n, "async event")
                                 }
@@ -173,8 +206,10 @@ fn run(
                     _ => {}
                 }
             }
-            if stop.load(Ordering::SeqCst) {
-                return Ok(());
+            match request.load(Ordering::SeqCst) {
+                STOP => return Ok(()),
+                RESTART => return Err(Failure::Operator),
+                _ => {}
             }
             let now = Instant::now();
             if napi.poll_due() {
@@ -195,13 +230,13 @@ fn run(
             }
             iface.tx_from_tap(tap, &mut gate, now)?;
             if now >= next_hk {
-                iface.housekeeping(now);
+                iface.housekeeping(now)?;
                 next_hk = now + HOUSEKEEPING_INTERVAL;
             }
-            publish(&iface, &napi, &gate);
+            published.publish(&iface, &napi, &gate);
         }
     })();
-    publish(&iface, &napi, &gate);
+    published.publish(&iface, &napi, &gate);
     if let Err(e) = iface.endpoint_mut().deregister(poll.registry()) {
         tracing::debug!(error = %e, "deregistering the endpoint failed");
     }
@@ -225,14 +260,30 @@ fn run(
     }
 }
 
-fn publish(iface: &Interface, napi: &Napi, gate: &TxGate) {
-    let c = napi.counters();
-    let s = iface.stats();
-    stats::set(&s.polls, c.polls);
-    stats::set(&s.budget_exhausted, c.budget_exhausted);
-    stats::set(&s.rearms, c.rearms);
-    stats::set(&s.caught_after_rearm, c.caught_after_rearm);
-    stats::set(&s.cq_events, c.events);
-    stats::set(&s.spurious_events, c.spurious_events);
-    stats::set(&s.tx_backpressure, gate.backpressure());
+/// What this poller has already added to the interface's counters (which outlive
+/// pollers across restarts): each publish adds only what is new.
+#[derive(Default)]
+struct Published {
+    napi: crate::napi::NapiCounters,
+    backpressure: u64,
+}
+
+impl Published {
+    fn publish(&mut self, iface: &Interface, napi: &Napi, gate: &TxGate) {
+        let c = napi.counters();
+        let p = self.napi;
+        let s = iface.stats();
+        stats::add(&s.polls, c.polls - p.polls);
+        stats::add(&s.budget_exhausted, c.budget_exhausted - p.budget_exhausted);
+        stats::add(&s.rearms, c.rearms - p.rearms);
+        stats::add(
+            &s.caught_after_rearm,
+            c.caught_after_rearm - p.caught_after_rearm,
+        );
+        stats::add(&s.cq_events, c.events - p.events);
+        stats::add(&s.spurious_events, c.spurious_events - p.spurious_events);
+        stats::add(&s.tx_backpressure, gate.backpressure() - self.backpressure);
+        self.napi = c;
+        self.backpressure = gate.backpressure();
+    }
 }

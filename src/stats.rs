@@ -227,6 +227,14 @@ counters! {
     ah_destroyed,
     /// Verbs destroy calls that failed (logged, never fatal).
     teardown_errors,
+    /// Work requests reaped at teardowns (their completion never came).
+    wr_reaped,
+    /// Interface restarts completed.
+    restarts,
+    /// Port-down events (carrier turned off until the port is active again).
+    port_down_events,
+    /// Completions rejected by the ledger (stale epoch, unknown id, duplicate).
+    completions_rejected,
     /// The local QPN.
     qpn,
     /// The IPoIB MTU.

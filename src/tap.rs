@@ -46,12 +46,20 @@ pub enum TapError {
 /// A TAP device in non-blocking mode.
 pub struct Tap {
     iface: tun_tap::Iface,
+    netns: std::sync::Mutex<Option<String>>,
 }
 
-/// What the poller needs of a TAP: frames and a descriptor to wait on.
+/// What the poller and the supervisor need of a TAP: frames, a descriptor to wait on,
+/// and the carrier.
 pub trait TapDevice: FrameIo {
     /// The descriptor that becomes readable when frames wait.
     fn raw_fd(&self) -> RawFd;
+    /// Set the link carrier: off while the interface is restarting or its port is down
+    /// (the kernel then queues or drops cleanly and the address stays), on when it
+    /// carries traffic again.
+    fn set_carrier(&self, on: bool) -> io::Result<()>;
+    /// Set a new MAC and MTU (after a rebuild found a different GID or port MTU).
+    fn reconfigure(&self, mac: Mac, mtu: usize) -> Result<(), TapError>;
 }
 
 impl Tap {
@@ -63,7 +71,10 @@ impl Tap {
         };
         let iface = tun_tap::Iface::without_packet_info(name, tun_tap::Mode::Tap).map_err(err)?;
         iface.set_non_blocking().map_err(err)?;
-        Ok(Tap { iface })
+        Ok(Tap {
+            iface,
+            netns: std::sync::Mutex::new(None),
+        })
     }
 
     /// The kernel's name for it.
@@ -83,6 +94,9 @@ impl Tap {
         let name = self.name().to_string();
         if let Some(ns) = netns {
             self.ip(None, &["link", "set", "dev", &name, "netns", ns])?;
+            if let Ok(mut n) = self.netns.lock() {
+                *n = Some(ns.to_string());
+            }
         }
         // Best effort: a kernel without IPv6 has no such sysctl.
         let sysctl = format!("net.ipv6.conf.{name}.disable_ipv6=1");
@@ -108,6 +122,25 @@ impl Tap {
         self.ip(netns, &["addr", "replace", &addr.to_string(), "dev", &name])?;
         self.ip(netns, &["link", "set", "dev", &name, "up"])?;
         Ok(())
+    }
+
+    /// Change MAC and MTU after a rebuild found a different GID or port MTU.
+    pub fn reconfigure(&self, mac: Mac, mtu: usize) -> Result<(), TapError> {
+        let name = self.name().to_string();
+        let netns = self.netns.lock().ok().and_then(|n| n.clone());
+        self.ip(
+            netns.as_deref(),
+            &[
+                "link",
+                "set",
+                "dev",
+                &name,
+                "address",
+                &mac.to_string(),
+                "mtu",
+                &mtu.to_string(),
+            ],
+        )
     }
 
     fn ip(&self, netns: Option<&str>, args: &[&str]) -> Result<(), TapError> {
@@ -151,4 +184,26 @@ impl TapDevice for Tap {
     fn raw_fd(&self) -> RawFd {
         self.iface.as_raw_fd()
     }
+
+    fn set_carrier(&self, on: bool) -> io::Result<()> {
+        set_carrier(self.iface.as_raw_fd(), on)
+    }
+
+    fn reconfigure(&self, mac: Mac, mtu: usize) -> Result<(), TapError> {
+        Tap::reconfigure(self, mac, mtu)
+    }
+}
+
+/// `TUNSETCARRIER` on a TUN/TAP descriptor (Linux 5.0 and later).
+#[allow(unsafe_code)]
+fn set_carrier(fd: RawFd, on: bool) -> io::Result<()> {
+    let value: libc::c_int = on.into();
+    // SAFETY: `fd` is an open TUN/TAP descriptor owned by `Tap` for the duration of the
+    // call; TUNSETCARRIER reads one `c_int` through the pointer, which points to a live
+    // local.
+    let r = unsafe { libc::ioctl(fd, libc::TUNSETCARRIER, &value as *const libc::c_int) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }

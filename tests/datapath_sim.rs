@@ -83,9 +83,9 @@ fn arp_then_ipv4_both_ways() {
     assert_eq!(sa.send_outstanding, 0);
     a.ledger().check().unwrap();
     b.ledger().check().unwrap();
-    let ta_ = a.shutdown(uipoib::datapath::FLUSH_DEADLINE);
+    let (ta_, _) = a.shutdown(uipoib::datapath::FLUSH_DEADLINE);
     ta_.ledger.unwrap();
-    let tb_ = b.shutdown(uipoib::datapath::FLUSH_DEADLINE);
+    let (tb_, _) = b.shutdown(uipoib::datapath::FLUSH_DEADLINE);
     tb_.ledger.unwrap();
 }
 

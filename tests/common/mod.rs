@@ -61,6 +61,8 @@ impl FrameIo for FakeTap {
 pub struct SockTap {
     ours: UnixDatagram,
     theirs: UnixDatagram,
+    pub carrier: std::sync::atomic::AtomicBool,
+    pub reconfigured: Mutex<Option<(Mac, usize)>>,
 }
 
 impl SockTap {
@@ -70,7 +72,12 @@ impl SockTap {
         theirs
             .set_read_timeout(Some(Duration::from_millis(50)))
             .unwrap();
-        Arc::new(SockTap { ours, theirs })
+        Arc::new(SockTap {
+            ours,
+            theirs,
+            carrier: std::sync::atomic::AtomicBool::new(true),
+            reconfigured: Mutex::new(None),
+        })
     }
     /// The "kernel" sends a frame into the TAP.
     pub fn inject(&self, f: &[u8]) {
@@ -102,6 +109,14 @@ impl TapDevice for SockTap {
     fn raw_fd(&self) -> RawFd {
         self.ours.as_raw_fd()
     }
+    fn set_carrier(&self, on: bool) -> io::Result<()> {
+        self.carrier.store(on, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+    fn reconfigure(&self, mac: Mac, mtu: usize) -> Result<(), uipoib::tap::TapError> {
+        *self.reconfigured.lock().unwrap() = Some((mac, mtu));
+        Ok(())
+    }
 }
 
 pub fn params(device: &str, addr: &str, recv: u32, send: u32) -> Params {
@@ -124,6 +139,7 @@ pub fn params(device: &str, addr: &str, recv: u32, send: u32) -> Params {
         },
         neigh_capacity: 64,
         neigh_max_age: Duration::from_secs(300),
+        tx_timeout: Duration::from_secs(3),
     }
 }
 
@@ -150,6 +166,7 @@ pub fn open(p: &dyn Provider, dev: &str, addr: &str, recv: u32, send: u32) -> In
         &params(dev, addr, recv, send),
         Arc::new(Stats::default()),
         1,
+        &mut None,
     )
     .unwrap()
 }

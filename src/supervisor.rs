@@ -1,0 +1,641 @@
+//! The restart supervisor: one thread per interface that receives the interface whenever
+//! its poller gives it up, and brings it back.
+//!
+//! A poller hands its interface over (by value, on a crossbeam channel) when a CQ poll
+//! fails, a fatal asynchronous event or a device removal arrives, the send-stall
+//! watchdog fires, or an operator asks (`uipoib restart`). The supervisor then, in order:
+//! sets the TAP carrier off (the TAP and its address stay); tears the interface down
+//! (QP to error, flushes drained within a deadline, group detached, AHs, QP, CQs,
+//! channel, MR, PD and context destroyed, every work request still outstanding reaped,
+//! the ledger checked); if the device is gone, waits with backoff until it can be opened
+//! again; rebuilds with a new epoch (re-posting the receive ring and re-attaching the
+//! broadcast group), adapts the TAP if the device came back with another GID or MTU,
+//! turns the carrier on and starts a fresh poller, which announces the new QPN with a
+//! gratuitous ARP.
+//!
+//! Policy: the first restart after a healthy period is immediate; consecutive failures
+//! back off exponentially; a circuit breaker declares the interface dead after too many
+//! restarts within a window (carrier off, clear log line, `uipoib status` says so) until
+//! an operator restart, or, when the device was lost, until the device returns.
+//!
+//! [`Backoff`] and [`Breaker`] are pure and take `now`; the thread is the shell.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crossbeam_channel::{Receiver, Sender, select, unbounded};
+use serde::{Deserialize, Serialize};
+
+use crate::config::RestartPolicy;
+use crate::datapath::{FLUSH_DEADLINE, Failure, Interface, OpenError, Params};
+use crate::neigh::Neighbours;
+use crate::poller::{Exit, Poller};
+use crate::stats::{self, Snapshot, Stats};
+use crate::tap::TapDevice;
+use crate::verbs::{Provider, VerbsError};
+
+/// An interface that ran this long since its last restart is healthy again: the next
+/// failure restarts it at once instead of backing off.
+pub const HEALTHY_AFTER: Duration = Duration::from_secs(1);
+
+/// Restart records kept for `uipoib status`.
+pub const HISTORY_LEN: usize = 32;
+
+/// What can be asked of a supervisor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// Restart the interface now (also revives a dead one).
+    Restart,
+    /// Tear down and end.
+    Shutdown,
+}
+
+/// One restart, as `uipoib status` shows it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RestartRecord {
+    /// The epoch it started.
+    pub epoch: u16,
+    /// Short cause (`poll-failed`, `device-removed`, `tx-stall`, `operator`, ...).
+    pub cause: String,
+    /// The cause in full.
+    pub detail: String,
+    /// When the failure was detected (ms since the Unix epoch).
+    pub detected_unix_ms: u64,
+    /// From detection to the new poller running with the carrier on (ms).
+    pub recovery_ms: f64,
+    /// Work requests reaped at the teardown.
+    pub wr_reaped: u64,
+    /// Of those, sends (counted as dropped with reason `reaped`).
+    pub sends_reaped: u64,
+    /// Flush completions drained.
+    pub flushed: u64,
+    /// Whether the ledger balanced with nothing outstanding after the reap.
+    pub ledger_balanced: bool,
+    /// Open attempts that failed before the rebuild succeeded.
+    pub failed_attempts: u32,
+}
+
+/// What `uipoib status` shows.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Status {
+    /// `running`, `restarting`, `waiting-for-device`, `dead`, `stopping`, `stopped`.
+    pub state: String,
+    /// TAP name.
+    pub tap: String,
+    /// RDMA device.
+    pub device: String,
+    /// Local QPN of the current epoch.
+    pub qpn: u32,
+    /// Local GID of the current epoch.
+    pub gid: String,
+    /// IPoIB MTU.
+    pub mtu: u32,
+    /// Interface address.
+    pub addr: String,
+    /// Restart epoch (1 at start).
+    pub epoch: u16,
+    /// Restarts completed.
+    pub restarts: u64,
+    /// Why the interface is dead, when it is.
+    pub dead_reason: Option<String>,
+    /// The most recent restarts, oldest first.
+    pub history: Vec<RestartRecord>,
+}
+
+/// Exponential backoff between consecutive failed attempts.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+    consecutive: u32,
+}
+
+impl Backoff {
+    /// A backoff with this policy.
+    pub fn new(p: &RestartPolicy) -> Self {
+        Backoff {
+            initial: p.backoff_initial,
+            max: p.backoff_max,
+            consecutive: 0,
+        }
+    }
+
+    /// The delay before the next attempt: zero for the first, then `initial`, doubling
+    /// up to `max`.
+    pub fn next_delay(&mut self) -> Duration {
+        let d = match self.consecutive {
+            0 => Duration::ZERO,
+            n => self
+                .initial
+                .saturating_mul(1u32 << (n - 1).min(20))
+                .min(self.max),
+        };
+        self.consecutive = self.consecutive.saturating_add(1);
+        d
+    }
+
+    /// The interface is healthy again: the next failure restarts at once.
+    pub fn reset(&mut self) {
+        self.consecutive = 0;
+    }
+}
+
+/// The circuit breaker: more than `max` restarts within `window` trips it.
+#[derive(Debug, Clone)]
+pub struct Breaker {
+    max: u32,
+    window: Duration,
+    times: VecDeque<Instant>,
+}
+
+impl Breaker {
+    /// A breaker with this policy.
+    pub fn new(p: &RestartPolicy) -> Self {
+        Breaker {
+            max: p.max_restarts,
+            window: p.window,
+            times: VecDeque::new(),
+        }
+    }
+
+    /// Record a restart at `now`; `true` if that trips the breaker.
+    pub fn record(&mut self, now: Instant) -> bool {
+        while let Some(t) = self.times.front() {
+            if now.saturating_duration_since(*t) >= self.window {
+                self.times.pop_front();
+            } else {
+                break;
+            }
+        }
+        self.times.push_back(now);
+        self.times.len() as u64 > u64::from(self.max)
+    }
+
+    /// Forget every recorded restart (operator revival).
+    pub fn reset(&mut self) {
+        self.times.clear();
+    }
+}
+
+/// How one interface ended.
+#[derive(Debug)]
+pub struct Ended {
+    /// TAP name.
+    pub name: String,
+    /// Counters at the end.
+    pub stats: Snapshot,
+    /// The last teardown's ledger verdict.
+    pub ledger: Result<(), String>,
+}
+
+/// A running supervisor.
+pub struct Supervisor {
+    commands: Sender<Command>,
+    thread: Option<JoinHandle<Ended>>,
+}
+
+/// Everything a supervisor needs.
+pub struct Setup {
+    /// TAP name.
+    pub name: String,
+    /// How to rebuild the interface.
+    pub params: Params,
+    /// Restart policy.
+    pub policy: RestartPolicy,
+    /// The provider to reopen the device with.
+    pub provider: Arc<dyn Provider>,
+    /// The TAP (stays up across restarts).
+    pub tap: Arc<dyn TapDevice>,
+    /// Counters (outlive epochs).
+    pub stats: Arc<Stats>,
+    /// Status shown on the control socket.
+    pub status: Arc<Mutex<Status>>,
+}
+
+impl Supervisor {
+    /// Start supervising `first`, which is already open; its poller starts now.
+    pub fn spawn(setup: Setup, first: Interface) -> std::io::Result<Supervisor> {
+        let (commands, rx) = unbounded();
+        let name = setup.name.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("sup-{name}"))
+            .spawn(move || Shell::new(setup, rx).run(first))?;
+        Ok(Supervisor {
+            commands,
+            thread: Some(thread),
+        })
+    }
+
+    /// A handle to send commands (for the control socket).
+    pub fn commands(&self) -> Sender<Command> {
+        self.commands.clone()
+    }
+
+    /// Ask for a restart.
+    pub fn restart(&self) {
+        let _ = self.commands.send(Command::Restart);
+    }
+
+    /// Tear down and wait for the end.
+    pub fn shutdown(mut self) -> Option<Ended> {
+        let _ = self.commands.send(Command::Shutdown);
+        self.thread.take().and_then(|t| t.join().ok())
+    }
+}
+
+struct Shell {
+    s: Setup,
+    commands: Receiver<Command>,
+    exits_tx: Sender<Exit>,
+    exits: Receiver<Exit>,
+    backoff: Backoff,
+    breaker: Breaker,
+    epoch: u16,
+    last_start: Instant,
+    neigh: Option<Neighbours>,
+    last_ledger: Result<(), String>,
+    dead_device_lost: bool,
+}
+
+enum Wait {
+    Elapsed,
+    Restart,
+    Shutdown,
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Shell {
+    fn new(s: Setup, commands: Receiver<Command>) -> Self {
+        let (exits_tx, exits) = unbounded();
+        Shell {
+            backoff: Backoff::new(&s.policy),
+            breaker: Breaker::new(&s.policy),
+            s,
+            commands,
+            exits_tx,
+            exits,
+            epoch: 1,
+            last_start: Instant::now(),
+            neigh: None,
+            last_ledger: Ok(()),
+            dead_device_lost: false,
+        }
+    }
+
+    fn set_state(&self, state: &str) {
+        if let Ok(mut st) = self.s.status.lock() {
+            st.state = state.to_string();
+        }
+    }
+
+    fn carrier(&self, on: bool) {
+        if let Err(e) = self.s.tap.set_carrier(on) {
+            tracing::warn!(iface = %self.s.name, error = %e, "setting the TAP carrier failed");
+        }
+    }
+
+    fn start_poller(&mut self, iface: Interface) -> Option<Poller> {
+        let hw = iface.hw_addr();
+        if let Ok(mut st) = self.s.status.lock() {
+            st.state = "running".into();
+            st.qpn = hw.qpn;
+            st.gid = hw.gid.to_string();
+            st.mtu = iface.mtu() as u32;
+            st.epoch = self.epoch;
+            st.dead_reason = None;
+        }
+        self.last_start = Instant::now();
+        match Poller::spawn(
+            self.s.name.clone(),
+            iface,
+            self.s.tap.clone(),
+            self.exits_tx.clone(),
+        ) {
+            Ok(p) => {
+                self.carrier(true);
+                Some(p)
+            }
+            Err(e) => {
+                // The interface went into the failed spawn and was dropped with it (its
+                // Drop destroys the verbs objects); nothing more can run.
+                tracing::error!(iface = %self.s.name, error = %e, "starting a poller failed");
+                None
+            }
+        }
+    }
+
+    /// Wait up to `d` for a command.
+    fn wait(&self, d: Duration) -> Wait {
+        match self.commands.recv_timeout(d) {
+            Ok(Command::Restart) => Wait::Restart,
+            Ok(Command::Shutdown) => Wait::Shutdown,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Wait::Elapsed,
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Wait::Shutdown,
+        }
+    }
+
+    fn ended(&self) -> Ended {
+        self.set_state("stopped");
+        Ended {
+            name: self.s.name.clone(),
+            stats: self.s.stats.snapshot(),
+            ledger: self.last_ledger.clone(),
+        }
+    }
+
+    fn run(mut self, first: Interface) -> Ended {
+        let mut poller = self.start_poller(first);
+        let mut shutting_down = false;
+        loop {
+            let Some(p) = poller.take() else {
+                // No poller: the interface is dead (or failed to start). Wait for an
+                // operator restart or a shutdown.
+                match self.revive() {
+                    Some(p) => {
+                        poller = Some(p);
+                        continue;
+                    }
+                    None => return self.ended(),
+                }
+            };
+            let exit = select! {
+                recv(self.commands) -> c => {
+                    match c {
+                        Ok(Command::Restart) => p.restart(),
+                        Ok(Command::Shutdown) | Err(_) => {
+                            shutting_down = true;
+                            self.set_state("stopping");
+                            p.stop();
+                        }
+                    }
+                    poller = Some(p);
+                    continue;
+                }
+                recv(self.exits) -> e => e,
+            };
+            p.join();
+            let Ok(exit) = exit else {
+                return self.ended();
+            };
+            match exit {
+                Exit::Stopped { iface, .. } => {
+                    let (t, _) = iface.shutdown(FLUSH_DEADLINE);
+                    self.last_ledger = t.ledger;
+                    return self.ended();
+                }
+                Exit::Failed {
+                    iface, cause, at, ..
+                } => {
+                    if shutting_down {
+                        let (t, _) = iface.shutdown(FLUSH_DEADLINE);
+                        self.last_ledger = t.ledger;
+                        return self.ended();
+                    }
+                    match self.restart(*iface, cause, at) {
+                        Restarted::Running(p) => poller = Some(p),
+                        Restarted::Dead => poller = None,
+                        Restarted::Shutdown => return self.ended(),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Tear down a failed interface and bring up a new epoch.
+    fn restart(&mut self, iface: Interface, cause: Failure, detected: Instant) -> Restarted {
+        let detected_unix_ms = unix_ms();
+        tracing::warn!(iface = %self.s.name, cause = cause.kind(), detail = %cause, epoch = self.epoch, "restarting the interface");
+        self.carrier(false);
+        self.set_state("restarting");
+        if self.last_start.elapsed() >= HEALTHY_AFTER {
+            self.backoff.reset();
+        }
+        let (t, neigh) = iface.shutdown(FLUSH_DEADLINE);
+        self.neigh = Some(neigh);
+        match &t.ledger {
+            Ok(()) => {}
+            Err(e) => {
+                tracing::error!(iface = %self.s.name, error = %e, "ledger does not balance after the reap")
+            }
+        }
+        self.last_ledger = t.ledger.clone();
+        tracing::info!(iface = %self.s.name, reaped = t.reaped, sends_reaped = t.sends_reaped, flushed = t.flushed, destroy_errors = t.errors, "torn down");
+        let mut record = RestartRecord {
+            epoch: self.epoch.wrapping_add(1),
+            cause: cause.kind().into(),
+            detail: cause.to_string(),
+            detected_unix_ms,
+            recovery_ms: 0.0,
+            wr_reaped: t.reaped,
+            sends_reaped: t.sends_reaped,
+            flushed: t.flushed,
+            ledger_balanced: t.ledger.is_ok(),
+            failed_attempts: 0,
+        };
+        if self.breaker.record(Instant::now()) {
+            let why = format!(
+                "{} restarts within {:?} (last cause: {})",
+                self.s.policy.max_restarts + 1,
+                self.s.policy.window,
+                cause
+            );
+            tracing::error!(iface = %self.s.name, %why, "circuit breaker tripped: interface declared dead; `uipoib restart` revives it");
+            self.push_record(record);
+            if let Ok(mut st) = self.s.status.lock() {
+                st.state = "dead".into();
+                st.dead_reason = Some(why);
+            }
+            self.dead_device_lost = cause.device_lost();
+            return Restarted::Dead;
+        }
+        match self.rebuild(&mut record, detected) {
+            Some(p) => {
+                self.push_record(record);
+                Restarted::Running(p)
+            }
+            None => Restarted::Shutdown,
+        }
+    }
+
+    fn push_record(&self, r: RestartRecord) {
+        if let Ok(mut st) = self.s.status.lock() {
+            st.history.push(r);
+            if st.history.len() > HISTORY_LEN {
+                st.history.remove(0);
+            }
+        }
+    }
+
+    fn open_epoch(&mut self) -> Result<Interface, OpenError> {
+        Interface::open(
+            self.s.provider.as_ref(),
+            &self.s.params,
+            self.s.stats.clone(),
+            self.epoch.wrapping_add(1).max(1),
+            &mut self.neigh,
+        )
+    }
+
+    /// Put a freshly opened epoch to work: adapt the TAP if the device came back with
+    /// another GID or MTU, start the poller with the carrier on, record the restart.
+    fn go_live(
+        &mut self,
+        iface: Interface,
+        record: &mut RestartRecord,
+        detected: Instant,
+    ) -> Option<Poller> {
+        let old = self.s.status.lock().ok().map(|s| (s.gid.clone(), s.mtu));
+        if let Some((gid, mtu)) = &old
+            && (*gid != iface.hw_addr().gid.to_string() || *mtu != iface.mtu() as u32)
+        {
+            tracing::warn!(iface = %self.s.name, old_gid = %gid, new_gid = %iface.hw_addr().gid, old_mtu = mtu, new_mtu = iface.mtu(), "the device came back with a different GID or MTU: reconfiguring the TAP");
+            if let Err(e) = self.s.tap.reconfigure(iface.mac(), iface.mtu()) {
+                tracing::error!(iface = %self.s.name, error = %e, "reconfiguring the TAP failed");
+            }
+        }
+        self.epoch = self.epoch.wrapping_add(1).max(1);
+        let epoch = self.epoch;
+        let p = self.start_poller(iface)?;
+        record.epoch = epoch;
+        record.recovery_ms = detected.elapsed().as_secs_f64() * 1e3;
+        stats::add(&self.s.stats.restarts, 1);
+        if let Ok(mut st) = self.s.status.lock() {
+            st.restarts += 1;
+        }
+        tracing::info!(iface = %self.s.name, epoch, recovery_ms = record.recovery_ms, "interface running again");
+        Some(p)
+    }
+
+    /// Open a new epoch, waiting (with backoff) for the device if it is gone. `None` if
+    /// a shutdown came first.
+    fn rebuild(&mut self, record: &mut RestartRecord, detected: Instant) -> Option<Poller> {
+        loop {
+            let delay = self.backoff.next_delay();
+            if !delay.is_zero() {
+                match self.wait(delay) {
+                    Wait::Shutdown => return None,
+                    Wait::Restart | Wait::Elapsed => {}
+                }
+            }
+            match self.open_epoch() {
+                Ok(iface) => return self.go_live(iface, record, detected),
+                Err(e) => {
+                    record.failed_attempts += 1;
+                    let gone = matches!(e, OpenError::Verbs(VerbsError::NoDevice(_)));
+                    self.set_state(if gone {
+                        "waiting-for-device"
+                    } else {
+                        "restarting"
+                    });
+                    if record.failed_attempts == 1 || record.failed_attempts.is_multiple_of(20) {
+                        tracing::warn!(iface = %self.s.name, error = %e, attempts = record.failed_attempts, "reopening the device failed; will retry");
+                    }
+                }
+            }
+        }
+    }
+
+    /// A dead interface: wait for `uipoib restart` (or, when the device was lost, for it
+    /// to return); then rebuild. `None` on shutdown.
+    fn revive(&mut self) -> Option<Poller> {
+        loop {
+            let w = if self.dead_device_lost {
+                self.wait(self.s.policy.backoff_max)
+            } else {
+                match self.commands.recv() {
+                    Ok(Command::Restart) => Wait::Restart,
+                    _ => Wait::Shutdown,
+                }
+            };
+            let start = Instant::now();
+            let mut record = RestartRecord {
+                cause: "revived".into(),
+                detected_unix_ms: unix_ms(),
+                ..Default::default()
+            };
+            match w {
+                Wait::Shutdown => return None,
+                Wait::Elapsed => {
+                    // The device was lost: has it come back?
+                    let Ok(iface) = self.open_epoch() else {
+                        continue;
+                    };
+                    tracing::info!(iface = %self.s.name, "the device returned: reviving the dead interface");
+                    self.revived();
+                    record.detail = "the device returned after the circuit breaker tripped".into();
+                    let p = self.go_live(iface, &mut record, start)?;
+                    self.push_record(record);
+                    return Some(p);
+                }
+                Wait::Restart => {
+                    tracing::info!(iface = %self.s.name, "operator restart: reviving the dead interface");
+                    self.revived();
+                    record.detail = "operator restart after the circuit breaker tripped".into();
+                    let p = self.rebuild(&mut record, start)?;
+                    self.push_record(record);
+                    return Some(p);
+                }
+            }
+        }
+    }
+
+    fn revived(&mut self) {
+        self.breaker.reset();
+        self.backoff.reset();
+        self.dead_device_lost = false;
+    }
+}
+
+enum Restarted {
+    Running(Poller),
+    Dead,
+    Shutdown,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> RestartPolicy {
+        RestartPolicy {
+            max_restarts: 3,
+            window: Duration::from_secs(10),
+            backoff_initial: Duration::from_millis(10),
+            backoff_max: Duration::from_millis(50),
+        }
+    }
+
+    #[test]
+    fn backoff_first_immediate_then_doubles_to_max() {
+        let mut b = Backoff::new(&policy());
+        let d: Vec<u64> = (0..6).map(|_| b.next_delay().as_millis() as u64).collect();
+        assert_eq!(d, vec![0, 10, 20, 40, 50, 50]);
+        b.reset();
+        assert_eq!(b.next_delay(), Duration::ZERO);
+    }
+
+    #[test]
+    fn breaker_trips_after_max_in_window_only() {
+        let t0 = Instant::now();
+        let mut br = Breaker::new(&policy());
+        assert!(!br.record(t0));
+        assert!(!br.record(t0 + Duration::from_secs(1)));
+        assert!(!br.record(t0 + Duration::from_secs(2)));
+        assert!(br.record(t0 + Duration::from_secs(3)), "4th within 10 s");
+        // Spread out: never trips.
+        let mut br = Breaker::new(&policy());
+        for i in 0..20 {
+            assert!(!br.record(t0 + Duration::from_secs(4 * i)));
+        }
+        br.reset();
+        assert!(!br.record(t0));
+    }
+}
