@@ -317,6 +317,7 @@ impl Interface {
         stats::set(&iface.stats.recv_ring, u64::from(a.recv_slots));
         stats::set(&iface.stats.send_ring, u64::from(a.send_slots));
         iface.fill_recv()?;
+        iface.sync_gauges();
         tracing::info!(
             device = %a.device, port = a.port, qpn = a.qpn, gid = %a.gid, gid_index = a.gid_index,
             mtu, port_mtu = a.port_mtu, group = %p.group, epoch,

@@ -3,14 +3,21 @@
 //! Wrap a provider with [`FaultyProvider::new`]; every endpoint it opens shares the
 //! provider's [`FaultSwitch`]. Faults available here:
 //! - `poll_error`: the next `poll_cq` calls return [`VerbsError::PollFailed`] with the
-//!   armed return value (like a negative `ibv_poll_cq`).
+//!   armed return value (like a negative `ibv_poll_cq`);
+//! - `async`: an asynchronous event (`DEVICE_FATAL`, `CQ_ERR`, `QP_FATAL`, device
+//!   removal, port down/up) is delivered through the endpoint's async source;
+//! - `hide_device`: `open` fails with [`VerbsError::NoDevice`], as after a device
+//!   removal, until the device is shown again.
 //!
 //! The switch also counts `poll_cq` calls made after a failed poll was returned, which
 //! is how tests prove the poller never retries.
 
-use std::io;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use super::{
     AhHandle, AsyncEvent, Completion, CqKind, Endpoint, EndpointAttrs, EndpointConfig, Gid,
@@ -21,19 +28,59 @@ use super::{
 #[derive(Debug, Default)]
 pub struct FaultSwitch {
     poll_error: AtomicI32,
+    /// Polls left to fail; `u64::MAX` means until cleared.
+    poll_error_left: AtomicU64,
     polls_failed: AtomicU64,
     polls_after_failure: AtomicU64,
+    hidden: AtomicBool,
+    opens: AtomicU64,
+    async_events: Mutex<VecDeque<AsyncEvent>>,
+    /// Write ends of the async sources of the endpoints registered now.
+    async_wakers: Mutex<Vec<(u64, UnixStream)>>,
+    next_id: AtomicU64,
 }
 
 impl FaultSwitch {
     /// Make every `poll_cq` fail with `ret` (a negative value) until cleared.
     pub fn arm_poll_error(&self, ret: i32) {
+        self.arm_poll_error_n(ret, u64::MAX);
+    }
+
+    /// Make the next `n` `poll_cq` calls fail with `ret`.
+    pub fn arm_poll_error_n(&self, ret: i32, n: u64) {
+        self.poll_error_left.store(n, Ordering::SeqCst);
         self.poll_error.store(ret.min(-1), Ordering::SeqCst);
     }
 
-    /// Disarm every fault.
+    /// Disarm every fault (pending async events are dropped; a hidden device is shown).
     pub fn clear(&self) {
         self.poll_error.store(0, Ordering::SeqCst);
+        self.hidden.store(false, Ordering::SeqCst);
+        if let Ok(mut q) = self.async_events.lock() {
+            q.clear();
+        }
+    }
+
+    /// Deliver `ev` through the async source of the (registered) endpoints.
+    pub fn inject_async(&self, ev: AsyncEvent) {
+        if let Ok(mut q) = self.async_events.lock() {
+            q.push_back(ev);
+        }
+        if let Ok(w) = self.async_wakers.lock() {
+            for (_, s) in w.iter() {
+                let _ = (&*s).write(&[1]);
+            }
+        }
+    }
+
+    /// Make `open` fail with `NoDevice` (`true`) or work again (`false`).
+    pub fn hide_device(&self, hidden: bool) {
+        self.hidden.store(hidden, Ordering::SeqCst);
+    }
+
+    /// Successful opens through this switch's provider.
+    pub fn opens(&self) -> u64 {
+        self.opens.load(Ordering::SeqCst)
     }
 
     /// Polls that were made to fail.
@@ -70,10 +117,17 @@ impl FaultyProvider {
 
 impl Provider for FaultyProvider {
     fn open(&self, cfg: &EndpointConfig) -> Result<Box<dyn Endpoint>, VerbsError> {
+        if self.switch.hidden.load(Ordering::SeqCst) {
+            return Err(VerbsError::NoDevice(cfg.device.clone()));
+        }
+        let inner = self.inner.open(cfg)?;
+        self.switch.opens.fetch_add(1, Ordering::SeqCst);
         Ok(Box::new(FaultyEndpoint {
-            inner: self.inner.open(cfg)?,
+            inner,
             switch: self.switch.clone(),
             failed: false,
+            async_rx: None,
+            id: self.switch.next_id.fetch_add(1, Ordering::SeqCst),
         }))
     }
 }
@@ -82,6 +136,22 @@ struct FaultyEndpoint {
     inner: Box<dyn Endpoint>,
     switch: Arc<FaultSwitch>,
     failed: bool,
+    async_rx: Option<UnixStream>,
+    id: u64,
+}
+
+impl FaultyEndpoint {
+    fn drop_waker(&mut self) {
+        if let Ok(mut w) = self.switch.async_wakers.lock() {
+            w.retain(|(id, _)| *id != self.id);
+        }
+    }
+}
+
+impl Drop for FaultyEndpoint {
+    fn drop(&mut self) {
+        self.drop_waker();
+    }
 }
 
 impl Endpoint for FaultyEndpoint {
@@ -107,7 +177,17 @@ impl Endpoint for FaultyEndpoint {
                 .fetch_add(1, Ordering::SeqCst);
         }
         let ret = self.switch.poll_error.load(Ordering::SeqCst);
-        if ret < 0 {
+        if ret < 0
+            && self
+                .switch
+                .poll_error_left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| match n {
+                    0 => None,
+                    u64::MAX => Some(u64::MAX),
+                    n => Some(n - 1),
+                })
+                .is_ok()
+        {
             self.failed = true;
             self.switch.polls_failed.fetch_add(1, Ordering::SeqCst);
             return Err(VerbsError::PollFailed { cq, ret });
@@ -123,16 +203,56 @@ impl Endpoint for FaultyEndpoint {
         cq_token: mio::Token,
         async_token: mio::Token,
     ) -> io::Result<()> {
-        self.inner.register(registry, cq_token, async_token)
+        self.inner.register(registry, cq_token, async_token)?;
+        let (rx, tx) = UnixStream::pair()?;
+        rx.set_nonblocking(true)?;
+        tx.set_nonblocking(true)?;
+        registry.register(
+            &mut mio::unix::SourceFd(&rx.as_raw_fd()),
+            async_token,
+            mio::Interest::READABLE,
+        )?;
+        let pending = self
+            .switch
+            .async_events
+            .lock()
+            .map(|q| !q.is_empty())
+            .unwrap_or(false);
+        if pending {
+            let _ = (&tx).write(&[1]);
+        }
+        self.drop_waker();
+        if let Ok(mut w) = self.switch.async_wakers.lock() {
+            w.push((self.id, tx));
+        }
+        self.async_rx = Some(rx);
+        Ok(())
     }
     fn deregister(&mut self, registry: &mio::Registry) -> io::Result<()> {
+        if let Some(rx) = self.async_rx.take() {
+            let _ = registry.deregister(&mut mio::unix::SourceFd(&rx.as_raw_fd()));
+        }
+        self.drop_waker();
         self.inner.deregister(registry)
     }
     fn take_cq_events(&mut self) -> Result<(u32, u32), VerbsError> {
         self.inner.take_cq_events()
     }
     fn next_async_event(&mut self) -> Result<Option<AsyncEvent>, VerbsError> {
-        self.inner.next_async_event()
+        if let Some(rx) = &self.async_rx {
+            let mut b = [0u8; 64];
+            while matches!((&*rx).read(&mut b), Ok(n) if n > 0) {}
+        }
+        let injected = self
+            .switch
+            .async_events
+            .lock()
+            .ok()
+            .and_then(|mut q| q.pop_front());
+        match injected {
+            Some(ev) => Ok(Some(ev)),
+            None => self.inner.next_async_event(),
+        }
     }
     fn create_ah(&mut self, gid: &Gid) -> Result<AhHandle, VerbsError> {
         self.inner.create_ah(gid)

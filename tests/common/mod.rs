@@ -2,6 +2,8 @@
 //! simulated fabric.
 #![allow(dead_code)]
 
+pub mod sup;
+
 use std::collections::VecDeque;
 use std::io;
 use std::net::Ipv4Addr;

@@ -1,0 +1,152 @@
+//! Supervised interfaces on the simulated fabric, for the supervisor tests.
+#![allow(dead_code)]
+
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::{SockTap, arp_reply, arp_request, fabric, ipv4_frame, params};
+use uipoib::config::RestartPolicy;
+use uipoib::datapath::Interface;
+use uipoib::stats::Stats;
+use uipoib::supervisor::{Setup, Status, Supervisor};
+use uipoib::tap::TapDevice;
+use uipoib::verbs::Provider;
+use uipoib::verbs::fault::{FaultSwitch, FaultyProvider};
+use uipoib::verbs::sim::SimFabric;
+use uipoib::wire::arp::EthArp;
+use uipoib::wire::eth::{self, Mac};
+
+pub const A_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 2, 1);
+pub const B_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 2, 2);
+
+pub struct Side {
+    pub sup: Option<Supervisor>,
+    pub tap: Arc<SockTap>,
+    pub stats: Arc<Stats>,
+    pub status: Arc<Mutex<Status>>,
+    pub mac: Mac,
+}
+
+impl Side {
+    pub fn status(&self) -> Status {
+        self.status.lock().unwrap().clone()
+    }
+    pub fn sup(&self) -> &Supervisor {
+        self.sup.as_ref().unwrap()
+    }
+    pub fn wait_state(&self, state: &str, restarts: u64) -> Status {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let s = self.status();
+            if s.state == state && s.restarts >= restarts {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {state}/{restarts}: {s:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    pub fn end(mut self) {
+        let e = self.sup.take().unwrap().shutdown().unwrap();
+        e.ledger.expect("ledger balanced at the end");
+    }
+}
+
+pub fn side(provider: Arc<dyn Provider>, dev: &str, addr: &str, policy: RestartPolicy) -> Side {
+    let mut p = params(dev, addr, 64, 32);
+    p.tx_timeout = Duration::from_millis(300);
+    let stats = Arc::new(Stats::default());
+    let iface = Interface::open(provider.as_ref(), &p, stats.clone(), 1, &mut None).unwrap();
+    let mac = iface.mac();
+    let tap = SockTap::new();
+    let status = Arc::new(Mutex::new(Status::default()));
+    let dev_tap: Arc<dyn TapDevice> = tap.clone();
+    let sup = Supervisor::spawn(
+        Setup {
+            name: dev.into(),
+            params: p,
+            policy,
+            provider,
+            tap: dev_tap,
+            stats: stats.clone(),
+            status: status.clone(),
+        },
+        iface,
+    )
+    .unwrap();
+    Side {
+        sup: Some(sup),
+        tap,
+        stats,
+        status,
+        mac,
+    }
+}
+
+pub fn is_arp(f: &[u8], pred: impl Fn(&EthArp) -> bool) -> bool {
+    eth::parse_frame(f)
+        .ok()
+        .and_then(|(_, p)| EthArp::parse(p).ok())
+        .is_some_and(|a| pred(&a))
+}
+
+pub fn wait_frame(tap: &SockTap, what: &str, pred: impl Fn(&[u8]) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Some(f) = tap.recv()
+            && pred(&f)
+        {
+            return;
+        }
+    }
+    panic!("timed out waiting for {what}");
+}
+
+pub fn introduce(a: &Side, b: &Side) {
+    a.tap.inject(&arp_request(a.mac, A_IP, B_IP));
+    wait_frame(&b.tap, "ARP request", |f| is_arp(f, |x| x.tpa == B_IP));
+    b.tap.inject(&arp_reply(b.mac, B_IP, a.mac, A_IP));
+    wait_frame(&a.tap, "ARP reply", |f| {
+        is_arp(f, |x| x.spa == B_IP && x.op == 2)
+    });
+}
+
+/// A frame from `from` to `to` gets through, retrying while a restart is in progress.
+pub fn flows(from: &Side, from_ip: Ipv4Addr, to: &Side, to_ip: Ipv4Addr, tag: u32) {
+    let body = tag.to_be_bytes().repeat(50);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        from.tap
+            .inject(&ipv4_frame(to.mac, from.mac, from_ip, to_ip, &body));
+        let until = Instant::now() + Duration::from_millis(300);
+        while Instant::now() < until {
+            if let Some(f) = to.tap.recv()
+                && f.len() == 34 + body.len()
+                && f[34..] == body[..]
+            {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "traffic {from_ip} -> {to_ip} did not resume"
+        );
+    }
+}
+
+pub fn pair(policy: RestartPolicy) -> (Arc<SimFabric>, Arc<FaultSwitch>, Side, Side) {
+    let sim = Arc::new(fabric(4096));
+    let faulty = FaultyProvider::new(sim.clone());
+    let switch = faulty.switch();
+    let a = side(Arc::new(faulty), "sim0", "198.18.2.1/24", policy);
+    let b = side(sim.clone(), "sim1", "198.18.2.2/24", policy);
+    a.wait_state("running", 0);
+    b.wait_state("running", 0);
+    introduce(&a, &b);
+    flows(&a, A_IP, &b, B_IP, 0);
+    flows(&b, B_IP, &a, A_IP, 0);
+    (sim, switch, a, b)
+}
