@@ -922,7 +922,14 @@ impl Interface {
         t.reaped = self.ledger.totals(Ring::Recv).reaped + self.ledger.totals(Ring::Send).reaped;
         t.flushed = stats::get(&self.stats.recv_flushed) + stats::get(&self.stats.send_flushed)
             - flushed_before;
-        stats::add(&self.stats.wr_reaped, t.reaped);
+        stats::add(
+            &self.stats.recv_reaped,
+            self.ledger.totals(Ring::Recv).reaped,
+        );
+        stats::add(
+            &self.stats.send_reaped,
+            self.ledger.totals(Ring::Send).reaped,
+        );
         t.ledger = self.ledger.check();
         if t.ledger.is_ok()
             && self.ledger.totals(Ring::Recv).outstanding
