@@ -72,6 +72,8 @@ fn every_cause_recovers_with_traffic_and_a_balanced_ledger() {
             a.tap.carrier.load(Ordering::SeqCst),
             "{how}: carrier back on"
         );
+        let snap = a.stats.snapshot();
+        assert!(snap.ledger_balanced(), "{how}: {}", snap.to_text());
         flows(&a, A_IP, &b, B_IP, 100 + n as u32);
         flows(&b, B_IP, &a, A_IP, 200 + n as u32);
         if *how == "stall" {
