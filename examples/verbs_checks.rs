@@ -6,15 +6,24 @@
 //! verbs_checks --device rxe0 --mode port-events
 //! # meanwhile, after it printed READY:
 //! ip link set eth0 down; sleep 2; ip link set eth0 up
+//! verbs_checks --device rxe0 --mode removal --netdev eth0   # deletes and re-adds rxe0!
 //! ```
 //! `errors`: every misuse and impossible configuration comes back as the documented
 //! error; a send queue overrun reports a posted prefix whose completions all arrive
 //! (the count the ledger relies on); posts to a QP in the error state.
 //! `port-events`: PORT_ERR and PORT_ACTIVE arrive on the async fd (through mio) as
 //! `PortDown` / `PortUp`; opening while the port is down is `BadPort` naming the state;
-//! opening after it is up works. The last line says `RESULT ok` or `RESULT FAILED`.
+//! opening after it is up works.
+//! `removal` (rxe only: it runs `rdma link delete/add` itself): with receives posted, an
+//! AH and a multicast attachment, `rdma link delete` in the background must surface as
+//! `DeviceRemoved` through mio (the rdma_cm watcher) within 5 s; `open` while the device
+//! is going and after it is gone must be `NoDevice` at once; dropping the endpoint must let
+//! the delete finish within 2 s, with no teardown error; after `rdma link add` `open`
+//! (polled with backoff) must succeed with the GID read again, and a unicast to itself
+//! must arrive. Lines starting `TIMING` carry the measurements.
+//! The last line says `RESULT ok` or `RESULT FAILED`.
 
-use std::process::ExitCode;
+use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
@@ -29,6 +38,7 @@ use uipoib::verbs::{
 enum Mode {
     Errors,
     PortEvents,
+    Removal,
 }
 
 #[derive(Parser, Debug)]
@@ -39,6 +49,9 @@ struct Args {
     mode: Mode,
     #[arg(long, default_value_t = 60)]
     timeout_secs: u64,
+    /// Network device to re-add the rxe link on (`removal`).
+    #[arg(long, default_value = "eth0")]
+    netdev: String,
 }
 
 const QKEY: u32 = 0x1111_1111;
@@ -399,8 +412,332 @@ fn port_events(p: &RdmaProvider, device: &str, timeout: Duration) -> Result<Vec<
     Ok(f)
 }
 
+/// How long the removal event may take to arrive.
+const REMOVAL_EVENT_DEADLINE: Duration = Duration::from_secs(5);
+/// How long `rdma link delete` may take once the endpoint is dropped.
+const DELETE_DEADLINE: Duration = Duration::from_secs(2);
+/// An `open` of a missing device must answer faster than this (no hang).
+const NO_DEVICE_DEADLINE: Duration = Duration::from_secs(1);
+/// How long to keep polling `open` after `rdma link add`.
+const REOPEN_DEADLINE: Duration = Duration::from_secs(20);
+
+/// `open` now (the endpoint, if any, dropped at once) and how long it took.
+fn timed_open(p: &RdmaProvider, device: &str) -> (Result<(), VerbsError>, Duration) {
+    let t = Instant::now();
+    let r = p.open(&cfg(device)).map(drop);
+    (r, t.elapsed())
+}
+
+/// Wait up to `limit` for `child` to exit.
+fn wait_child(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> Result<Option<std::process::ExitStatus>, String> {
+    let until = Instant::now() + limit;
+    loop {
+        if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
+            return Ok(Some(st));
+        }
+        if Instant::now() >= until {
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// One unicast from the endpoint to itself: returns what arrived.
+fn loopback(ep: &mut RdmaEndpoint) -> Result<String, String> {
+    let own = ep.attrs().gid;
+    let payload = b"uipoib removal check";
+    ep.post_recv(7, 0).map_err(|e| e.to_string())?;
+    let ah = ep.create_ah(&own).map_err(|e| e.to_string())?;
+    ep.send_buf(0)[..payload.len()].copy_from_slice(payload);
+    let dest = Dest {
+        ah,
+        qpn: ep.attrs().qpn,
+        qkey: QKEY,
+    };
+    ep.post_send(&sends(dest, 70, 1, payload.len() as u32))
+        .map_err(|e| e.to_string())?;
+    let got = collect(ep, CqKind::Recv, 1, Duration::from_secs(5));
+    let sent = collect(ep, CqKind::Send, 1, Duration::from_secs(1));
+    ep.destroy_ah(ah).map_err(|e| e.to_string())?;
+    let Some(c) = got.first() else {
+        return Err(format!("nothing received (send completions {sent:?})"));
+    };
+    let buf = ep.recv_buf(0);
+    let body = &buf[uipoib::verbs::GRH_LEN..];
+    if c.status != WcStatus::Success
+        || c.byte_len as usize != uipoib::verbs::GRH_LEN + payload.len()
+        || &body[..payload.len()] != payload
+    {
+        return Err(format!("received {c:?}, not the payload"));
+    }
+    Ok(format!("{} bytes from QPN {}", payload.len(), c.src_qp))
+}
+
+fn removal(p: &RdmaProvider, device: &str, netdev: &str) -> Result<Vec<String>, String> {
+    let mut f = Vec::new();
+    let mut ep = p.open_endpoint(&cfg(device)).map_err(|e| e.to_string())?;
+    let before = ep.attrs().clone();
+    println!(
+        "open: qpn {} gid {} (index {})",
+        before.qpn, before.gid, before.gid_index
+    );
+    check(
+        ep.watches_removal(),
+        "the rdma_cm removal watcher is bound".into(),
+        &mut f,
+    );
+    // What a running interface holds: posted receives, an AH, a multicast attachment.
+    for slot in 0..8 {
+        ep.post_recv(u64::from(slot), slot)
+            .map_err(|e| e.to_string())?;
+    }
+    let _ah = ep.create_ah(&before.gid).map_err(|e| e.to_string())?;
+    let group: Gid = "::ffff:239.1.1.3".parse().map_err(|e| format!("{e}"))?;
+    ep.attach_mcast(&group).map_err(|e| e.to_string())?;
+    // A second endpoint on the same device, on GID index 0 (rxe: the netdev's IPv6
+    // link-local address), so that its watcher binds an IPv6 address with a scope.
+    let ep6 = p
+        .open_endpoint(&EndpointConfig {
+            gid_index: Some(0),
+            ..cfg(device)
+        })
+        .map_err(|e| e.to_string())?;
+    println!(
+        "second endpoint: qpn {} gid {} (index {})",
+        ep6.attrs().qpn,
+        ep6.attrs().gid,
+        ep6.attrs().gid_index
+    );
+    check(
+        ep6.watches_removal(),
+        format!(
+            "the removal watcher of the GID {} endpoint is bound",
+            ep6.attrs().gid
+        ),
+        &mut f,
+    );
+    let mut poll = Poll::new().map_err(|e| e.to_string())?;
+    let mut events = Events::with_capacity(8);
+    let mut eps = [ep, ep6];
+    for (i, e) in eps.iter_mut().enumerate() {
+        e.register(poll.registry(), Token(2 * i), Token(2 * i + 1))
+            .map_err(|e| e.to_string())?;
+        let quiet = e.next_async_event().map_err(|e| e.to_string())?;
+        check(
+            quiet.is_none(),
+            format!("endpoint {i}: no async event before the delete: {quiet:?}"),
+            &mut f,
+        );
+    }
+
+    let spawned = Instant::now();
+    let mut child = Command::new("rdma")
+        .args(["link", "delete", device])
+        .spawn()
+        .map_err(|e| format!("spawn rdma link delete: {e}"))?;
+    let until = spawned + REMOVAL_EVENT_DEADLINE;
+    let mut seen = [Vec::new(), Vec::new()];
+    let mut latency = [None, None];
+    let mut woken = [false, false];
+    while latency.iter().any(Option::is_none) {
+        let now = Instant::now();
+        if now >= until {
+            break;
+        }
+        poll.poll(&mut events, Some(until - now))
+            .map_err(|e| e.to_string())?;
+        // Read an endpoint's events only when its async token fired, as the datapath
+        // does: a missed wakeup then shows as a missing event. Drain until None
+        // (edge-triggered).
+        let fired: Vec<usize> = events
+            .iter()
+            .filter(|ev| ev.token().0 % 2 == 1)
+            .map(|ev| ev.token().0 / 2)
+            .collect();
+        for i in fired {
+            woken[i] = true;
+            while let Some(ev) = eps[i].next_async_event().map_err(|e| e.to_string())? {
+                seen[i].push(ev);
+                if ev == AsyncEvent::DeviceRemoved && latency[i].is_none() {
+                    latency[i] = Some(spawned.elapsed());
+                }
+            }
+        }
+    }
+    for i in 0..2 {
+        match latency[i] {
+            Some(l) => println!(
+                "TIMING endpoint {i}: removal event {:.3} s after spawning `rdma link delete`",
+                l.as_secs_f64()
+            ),
+            None => {
+                println!("TIMING endpoint {i}: no removal event within {REMOVAL_EVENT_DEADLINE:?}")
+            }
+        }
+        check(
+            latency[i].is_some() && woken[i],
+            format!(
+                "endpoint {i}: DeviceRemoved through mio on its async token (events {:?})",
+                seen[i]
+            ),
+            &mut f,
+        );
+        check(
+            eps[i].device_lost() == Some(AsyncEvent::DeviceRemoved),
+            format!(
+                "endpoint {i} remembers the loss: {:?}",
+                eps[i].device_lost()
+            ),
+            &mut f,
+        );
+    }
+    let still_running = child.try_wait().map_err(|e| e.to_string())?.is_none();
+    println!("`rdma link delete` still waiting while the endpoints are open: {still_running}");
+    let (r, dt) = timed_open(p, device);
+    println!(
+        "TIMING open while the device is being removed: {:.3} s: {}",
+        dt.as_secs_f64(),
+        r.as_ref().err().map_or("opened".into(), |e| e.to_string())
+    );
+    check(
+        matches!(r, Err(VerbsError::NoDevice(_))) && dt < NO_DEVICE_DEADLINE,
+        "open while the device is being removed -> NoDevice at once".into(),
+        &mut f,
+    );
+
+    for e in &mut eps {
+        e.deregister(poll.registry()).map_err(|e| e.to_string())?;
+    }
+    let dropped = Instant::now();
+    drop(eps);
+    let drop_took = dropped.elapsed();
+    let status = wait_child(&mut child, Duration::from_secs(10))?;
+    let delete_took = dropped.elapsed();
+    match status {
+        Some(st) => println!(
+            "TIMING delete finished {:.3} s after the drop began (drop took {:.3} s), {st}",
+            delete_took.as_secs_f64(),
+            drop_took.as_secs_f64()
+        ),
+        None => {
+            println!("TIMING delete still blocked 10 s after the drop; killing it");
+            let _ = child.kill();
+        }
+    }
+    check(
+        status.is_some_and(|s| s.success()) && delete_took < DELETE_DEADLINE,
+        format!("`rdma link delete` done within {DELETE_DEADLINE:?} of the drop"),
+        &mut f,
+    );
+    check(
+        p.teardown_errors() == 0,
+        format!(
+            "teardown after removal: {} errors, {} already gone",
+            p.teardown_errors(),
+            p.teardown_already_gone()
+        ),
+        &mut f,
+    );
+    let (r, dt) = timed_open(p, device);
+    println!(
+        "TIMING open with the device gone: {:.3} s: {}",
+        dt.as_secs_f64(),
+        r.as_ref().err().map_or("opened".into(), |e| e.to_string())
+    );
+    check(
+        matches!(r, Err(VerbsError::NoDevice(_))) && dt < NO_DEVICE_DEADLINE,
+        "open with the device gone -> NoDevice at once".into(),
+        &mut f,
+    );
+
+    let added = Instant::now();
+    let st = Command::new("rdma")
+        .args(["link", "add", device, "type", "rxe", "netdev", netdev])
+        .status()
+        .map_err(|e| format!("rdma link add: {e}"))?;
+    println!(
+        "TIMING `rdma link add` took {:.3} s: {st}",
+        added.elapsed().as_secs_f64()
+    );
+    check(st.success(), "rdma link add".into(), &mut f);
+    // What a supervisor does: poll open with backoff until the device is back.
+    let mut delay = Duration::from_millis(10);
+    let mut attempts = 0u32;
+    let mut errors: Vec<String> = Vec::new();
+    let mut reopened = None;
+    while added.elapsed() < REOPEN_DEADLINE {
+        attempts += 1;
+        match p.open_endpoint(&cfg(device)) {
+            Ok(ep) => {
+                reopened = Some(ep);
+                break;
+            }
+            Err(e) => {
+                let kind = format!("{e}");
+                if errors.last() != Some(&kind) {
+                    errors.push(kind);
+                }
+            }
+        }
+        std::thread::sleep(delay);
+        delay = (delay * 2).min(Duration::from_millis(200));
+    }
+    let Some(mut ep) = reopened else {
+        check(
+            false,
+            format!("reopen within {REOPEN_DEADLINE:?}: errors {errors:?}"),
+            &mut f,
+        );
+        return Ok(f);
+    };
+    println!(
+        "TIMING reopen succeeded {:.3} s after `rdma link add` began ({attempts} attempts; \
+         errors on the way: {errors:?})",
+        added.elapsed().as_secs_f64()
+    );
+    let after = ep.attrs().clone();
+    println!(
+        "reopened: qpn {} gid {} (index {}) watcher {}",
+        after.qpn,
+        after.gid,
+        after.gid_index,
+        ep.watches_removal()
+    );
+    check(
+        !after.gid.is_zero() && after.gid == before.gid && ep.watches_removal(),
+        format!(
+            "GID read again after the re-add: {} (index {}), was {} (index {})",
+            after.gid, after.gid_index, before.gid, before.gid_index
+        ),
+        &mut f,
+    );
+    match loopback(&mut ep) {
+        Ok(what) => check(
+            true,
+            format!("unicast to itself after reopen: {what}"),
+            &mut f,
+        ),
+        Err(e) => check(
+            false,
+            format!("unicast to itself after reopen: {e}"),
+            &mut f,
+        ),
+    }
+    ep.close().map_err(|e| e.to_string())?;
+    check(
+        p.teardown_errors() == 0,
+        format!("teardown_errors = {}", p.teardown_errors()),
+        &mut f,
+    );
+    Ok(f)
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
@@ -411,6 +748,7 @@ fn main() -> ExitCode {
     let r = match args.mode {
         Mode::Errors => errors(&p, &args.device),
         Mode::PortEvents => port_events(&p, &args.device, Duration::from_secs(args.timeout_secs)),
+        Mode::Removal => removal(&p, &args.device, &args.netdev),
     };
     match r {
         Ok(f) if f.is_empty() => {

@@ -23,6 +23,8 @@ use serde_json::{Value, json};
 use crate::stats::Stats;
 use crate::supervisor::Command;
 pub use crate::supervisor::Status;
+use crate::verbs::AsyncEvent;
+use crate::verbs::fault::FaultSwitch;
 
 /// Longest request line accepted.
 pub const MAX_REQUEST: usize = 64 * 1024;
@@ -76,8 +78,56 @@ pub struct ControlServer {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Request {
     cmd: String,
+    /// For `inject`: the fault's name.
+    fault: Option<String>,
+    /// For `inject poll-error`: how many polls fail (default 1).
+    count: Option<u64>,
+    /// For `inject poll-error`: the negative value `ibv_poll_cq` returns (default -5).
+    ret: Option<i32>,
+    /// For `inject async-fatal`: which event (default `device-fatal`).
+    event: Option<String>,
+}
+
+/// The faults `inject` knows today.
+pub const FAULTS: &str = "poll-error, async-fatal";
+
+fn inject(req: &Request, faults: &FaultSwitch) -> Result<Value, String> {
+    match req.fault.as_deref() {
+        Some("poll-error") => {
+            let ret = req.ret.unwrap_or(-5);
+            if ret >= 0 {
+                return Err(format!(
+                    "ret must be negative (a failed ibv_poll_cq), not {ret}"
+                ));
+            }
+            let count = req.count.unwrap_or(1);
+            if count == 0 {
+                return Err("count must be at least 1".into());
+            }
+            faults.arm_poll_error_n(ret, count);
+            Ok(json!({"ok": true, "injected": "poll-error", "ret": ret, "count": count}))
+        }
+        Some("async-fatal") => {
+            let ev = match req.event.as_deref().unwrap_or("device-fatal") {
+                "device-fatal" => AsyncEvent::DeviceFatal,
+                "cq-error" => AsyncEvent::CqError,
+                "qp-fatal" => AsyncEvent::QpFatal,
+                "device-removed" => AsyncEvent::DeviceRemoved,
+                other => {
+                    return Err(format!(
+                        "unknown event {other:?}; known: device-fatal, cq-error, qp-fatal, device-removed"
+                    ));
+                }
+            };
+            faults.inject_async(ev);
+            Ok(json!({"ok": true, "injected": "async-fatal", "event": format!("{ev:?}")}))
+        }
+        Some(other) => Err(format!("unknown fault {other:?}; known: {FAULTS}")),
+        None => Err(format!("inject needs a \"fault\" ({FAULTS})")),
+    }
 }
 
 /// What the server thread serves.
@@ -85,6 +135,7 @@ struct Ctx {
     stats: Arc<Stats>,
     status: Arc<Mutex<Status>>,
     commands: Option<Sender<Command>>,
+    faults: Option<Arc<FaultSwitch>>,
 }
 
 fn handle_line(line: &str, cx: &Ctx) -> Value {
@@ -92,7 +143,7 @@ fn handle_line(line: &str, cx: &Ctx) -> Value {
     let req: Request = match serde_json::from_str(line) {
         Ok(r) => r,
         Err(e) => {
-            return json!({"ok": false, "error": format!("request is not a JSON object with a \"cmd\" string: {e}")});
+            return json!({"ok": false, "error": format!("bad request (a JSON object with a \"cmd\" string and only known fields): {e}")});
         }
     };
     match req.cmd.as_str() {
@@ -108,9 +159,19 @@ fn handle_line(line: &str, cx: &Ctx) -> Value {
             }
             _ => json!({"ok": false, "error": "this interface has no supervisor to restart it"}),
         },
+        "inject" | "clear" => match &cx.faults {
+            None => {
+                json!({"ok": false, "error": "fault injection is not available on this interface"})
+            }
+            Some(f) if req.cmd == "clear" => {
+                f.clear();
+                json!({"ok": true, "cleared": true})
+            }
+            Some(f) => inject(&req, f).unwrap_or_else(|e| json!({"ok": false, "error": e})),
+        },
         other => json!({
             "ok": false,
-            "error": format!("unknown command {other:?}; known: ping, stats, status, restart"),
+            "error": format!("unknown command {other:?}; known: ping, stats, status, restart, inject, clear"),
         }),
     }
 }
@@ -158,11 +219,13 @@ impl ControlServer {
         stats: Arc<Stats>,
         status: Arc<Mutex<Status>>,
         commands: Option<Sender<Command>>,
+        faults: Option<Arc<FaultSwitch>>,
     ) -> Result<ControlServer, ControlError> {
         let cx = Ctx {
             stats,
             status,
             commands,
+            faults,
         };
         let io_err = |source| ControlError::Io {
             path: path.to_owned(),
@@ -224,8 +287,13 @@ impl Drop for ControlServer {
     }
 }
 
-/// Send one request and return the reply's payload (`ok` checked).
+/// Send `{"cmd": cmd}` and return the reply (`ok` checked).
 pub fn request(path: &Path, cmd: &str) -> Result<Value, ControlError> {
+    request_json(path, &json!({ "cmd": cmd }))
+}
+
+/// Send one request object and return the reply (`ok` checked).
+pub fn request_json(path: &Path, req: &Value) -> Result<Value, ControlError> {
     let stream = UnixStream::connect(path).map_err(|e| ControlError::NotRunning {
         path: path.to_owned(),
         why: e.to_string(),
@@ -238,7 +306,7 @@ pub fn request(path: &Path, cmd: &str) -> Result<Value, ControlError> {
         .set_read_timeout(Some(Duration::from_secs(5)))
         .map_err(|e| bad(e.to_string()))?;
     let mut w = &stream;
-    writeln!(w, "{}", json!({"cmd": cmd})).map_err(|e| bad(e.to_string()))?;
+    writeln!(w, "{req}").map_err(|e| bad(e.to_string()))?;
     let mut line = String::new();
     BufReader::new(&stream)
         .read_line(&mut line)
@@ -277,7 +345,9 @@ mod tests {
             ..Default::default()
         }));
         let (ctx, crx) = crossbeam_channel::unbounded();
-        let srv = ControlServer::start(&path, st.clone(), status, Some(ctx)).unwrap();
+        let faults = Arc::new(FaultSwitch::default());
+        let srv = ControlServer::start(&path, st.clone(), status, Some(ctx), Some(faults.clone()))
+            .unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         let v = request(&path, "stats").unwrap();
@@ -287,6 +357,26 @@ mod tests {
         assert_eq!(v["status"]["tap"], "uip0");
         request(&path, "restart").unwrap();
         assert_eq!(crx.try_recv(), Ok(Command::Restart));
+        let v = request_json(
+            &path,
+            &json!({"cmd": "inject", "fault": "poll-error", "count": 2}),
+        )
+        .unwrap();
+        assert_eq!(v["count"], 2);
+        assert_eq!(faults.polls_failed(), 0);
+        for bad in [
+            json!({"cmd": "inject"}),
+            json!({"cmd": "inject", "fault": "meteor"}),
+            json!({"cmd": "inject", "fault": "poll-error", "ret": 3}),
+            json!({"cmd": "inject", "fault": "async-fatal", "event": "boom"}),
+            json!({"cmd": "stats", "typo": 1}),
+        ] {
+            assert!(
+                matches!(request_json(&path, &bad), Err(ControlError::Refused(_))),
+                "{bad}"
+            );
+        }
+        request(&path, "clear").unwrap();
         match request(&path, "reboot") {
             Err(ControlError::Refused(m)) => assert!(m.contains("unknown command"), "{m}"),
             other => panic!("{other:?}"),
@@ -310,6 +400,7 @@ mod tests {
             &path,
             st.clone(),
             Arc::new(Mutex::new(Status::default())),
+            None,
             None,
         );
         assert!(matches!(again, Err(ControlError::InUse(_))));
@@ -337,6 +428,7 @@ mod tests {
             &path,
             Arc::new(Stats::default()),
             Arc::new(Mutex::new(Status::default())),
+            None,
             None,
         )
         .unwrap();

@@ -16,6 +16,7 @@ use crate::stats::Stats;
 use crate::supervisor::{Setup, Status, Supervisor};
 use crate::tap::{Tap, TapDevice, TapError};
 use crate::verbs::Provider;
+use crate::verbs::fault::FaultyProvider;
 
 /// What stopped the daemon from starting or running.
 #[derive(Debug, thiserror::Error)]
@@ -138,6 +139,11 @@ pub fn run(
 
 fn start(spec: &Spec, provider: Arc<dyn Provider>) -> Result<Running, DaemonError> {
     let c = &spec.config;
+    // Every interface's endpoints go through its own fault switch: inert unless a fault
+    // is injected through the control socket.
+    let faulty = FaultyProvider::new(provider);
+    let faults = faulty.switch();
+    let provider: Arc<dyn Provider> = Arc::new(faulty);
     let stats = Arc::new(Stats::default());
     let params = Params::from_config(c);
     let iface = Interface::open(provider.as_ref(), &params, stats.clone(), 1, &mut None).map_err(
@@ -174,8 +180,13 @@ fn start(spec: &Spec, provider: Arc<dyn Provider>) -> Result<Running, DaemonErro
         what: "starting the supervisor",
         source,
     })?;
-    let control = match ControlServer::start(&c.control, stats, status, Some(supervisor.commands()))
-    {
+    let control = match ControlServer::start(
+        &c.control,
+        stats,
+        status,
+        Some(supervisor.commands()),
+        Some(faults),
+    ) {
         Ok(c) => c,
         Err(e) => {
             let _ = supervisor.shutdown();

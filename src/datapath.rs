@@ -406,14 +406,7 @@ impl Interface {
         let mut done = 0;
         while done < self.budget {
             let want = self.poll_batch.min(self.budget - done);
-            let n = self
-                .ep
-                .poll_cq(CqKind::Recv, &mut self.wc[..want])
-                .map_err(Failure::PollFailed)?;
-            for i in 0..n {
-                let c = self.wc[i];
-                self.on_recv(c, tap, now);
-            }
+            let n = self.poll_recv_batch(want, tap, now)?;
             done += n;
             if n < want {
                 break;
@@ -880,7 +873,7 @@ impl Interface {
             // Drain flush completions until everything posted is accounted for.
             let sink = NullTap;
             while self.outstanding() > 0 && start.elapsed() < deadline {
-                let rx = self.poll_rx_no_refill(&sink, Instant::now());
+                let rx = self.poll_recv_batch(self.wc.len(), &sink, Instant::now());
                 let tx = self.poll_tx(Instant::now());
                 match (rx, tx) {
                     (Ok(0), Ok(0)) => std::thread::sleep(Duration::from_millis(1)),
@@ -922,7 +915,14 @@ impl Interface {
         t.reaped = self.ledger.totals(Ring::Recv).reaped + self.ledger.totals(Ring::Send).reaped;
         t.flushed = stats::get(&self.stats.recv_flushed) + stats::get(&self.stats.send_flushed)
             - flushed_before;
-        stats::add(&self.stats.wr_reaped, t.reaped);
+        stats::add(
+            &self.stats.recv_reaped,
+            self.ledger.totals(Ring::Recv).reaped,
+        );
+        stats::add(
+            &self.stats.send_reaped,
+            self.ledger.totals(Ring::Send).reaped,
+        );
         t.ledger = self.ledger.check();
         if t.ledger.is_ok()
             && self.ledger.totals(Ring::Recv).outstanding
@@ -941,8 +941,13 @@ impl Interface {
         self.ledger.totals(Ring::Recv).outstanding + self.ledger.totals(Ring::Send).outstanding
     }
 
-    fn poll_rx_no_refill(&mut self, tap: &dyn FrameIo, now: Instant) -> Result<usize, Failure> {
-        let want = self.wc.len();
+    /// One `poll_cq` of up to `want` receive completions, each handled.
+    fn poll_recv_batch(
+        &mut self,
+        want: usize,
+        tap: &dyn FrameIo,
+        now: Instant,
+    ) -> Result<usize, Failure> {
         let n = self
             .ep
             .poll_cq(CqKind::Recv, &mut self.wc[..want])

@@ -38,6 +38,9 @@ enum Cmd {
     Status(QueryArgs),
     /// Ask a running daemon to restart its interface (also revives a dead one).
     Restart(QueryArgs),
+    /// Inject or clear faults in a running daemon (for recovery tests).
+    #[command(subcommand)]
+    Fault(FaultCmd),
     /// Run two interfaces over the in-process simulated fabric, each TAP in its own
     /// network namespace (for tests; not a measurement of any RDMA device).
     SimPair(SimPairArgs),
@@ -109,6 +112,32 @@ struct QueryArgs {
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Subcommand)]
+enum FaultCmd {
+    /// Arm a fault.
+    Inject(InjectArgs),
+    /// Disarm every fault.
+    Clear(QueryArgs),
+}
+
+#[derive(Args)]
+struct InjectArgs {
+    #[command(flatten)]
+    target: QueryArgs,
+    /// The fault: poll-error (ibv_poll_cq returns a negative value) or async-fatal (a
+    /// fatal asynchronous event is delivered).
+    fault: String,
+    /// poll-error: how many polls fail.
+    #[arg(long)]
+    count: Option<u64>,
+    /// poll-error: the negative value the poll returns.
+    #[arg(long, allow_negative_numbers = true)]
+    ret: Option<i32>,
+    /// async-fatal: device-fatal, cq-error, qp-fatal or device-removed.
+    #[arg(long)]
+    event: Option<String>,
 }
 
 #[derive(Args)]
@@ -237,7 +266,38 @@ fn main() -> ExitCode {
         Cmd::Stats(q) => query(&q, "stats"),
         Cmd::Status(q) => query(&q, "status"),
         Cmd::Restart(q) => query(&q, "restart"),
+        Cmd::Fault(FaultCmd::Clear(q)) => query(&q, "clear"),
+        Cmd::Fault(FaultCmd::Inject(a)) => {
+            let mut req = serde_json::json!({"cmd": "inject", "fault": a.fault});
+            if let Some(c) = a.count {
+                req["count"] = c.into();
+            }
+            if let Some(r) = a.ret {
+                req["ret"] = r.into();
+            }
+            if let Some(e) = &a.event {
+                req["event"] = e.clone().into();
+            }
+            send(&a.target, &req)
+        }
         Cmd::SimPair(a) => sim_pair(a),
+    }
+}
+
+fn send(q: &QueryArgs, req: &serde_json::Value) -> ExitCode {
+    let Some(path) = daemon::control_path(q.tap.as_deref(), q.control.clone()) else {
+        eprintln!("uipoib: give --tap or --control");
+        return ExitCode::from(2);
+    };
+    match control::request_json(&path, req) {
+        Ok(v) => {
+            println!("{v}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("uipoib: {e}");
+            ExitCode::from(1)
+        }
     }
 }
 
@@ -267,8 +327,10 @@ fn query(q: &QueryArgs, cmd: &str) -> ExitCode {
                         return ExitCode::from(1);
                     }
                 }
-            } else {
+            } else if cmd == "restart" {
                 println!("restart requested");
+            } else {
+                println!("{v}");
             }
             ExitCode::SUCCESS
         }

@@ -249,7 +249,11 @@ fn run(
             iface: Box::new(iface),
         },
         Err(cause) => {
-            tracing::error!(iface = %name, %cause, "poller stopped: handing the interface to the supervisor");
+            if matches!(cause, Failure::Operator) {
+                tracing::info!(iface = %name, "poller stopped for an operator restart");
+            } else {
+                tracing::error!(iface = %name, %cause, "poller stopped: handing the interface to the supervisor");
+            }
             Exit::Failed {
                 name,
                 iface: Box::new(iface),

@@ -151,6 +151,13 @@ macro_rules! counters {
                 let mut s = String::new();
                 $(let _ = writeln!(s, "{:<28} {}", stringify!($name), self.$name);)*
                 let _ = writeln!(s, "{:<28} {}", "drops_total", self.drops_total());
+                for (ring, [p, c, f, r, o]) in [("recv", self.ledger(true)), ("send", self.ledger(false))] {
+                    let _ = writeln!(
+                        s,
+                        "ledger {ring}: posted {p} = completed {c} + flushed {f} + reaped {r} + outstanding {o} ({})",
+                        if p == c + f + r + o { "balanced" } else { "NOT BALANCED" }
+                    );
+                }
                 for (k, v) in &self.drops {
                     if *v != 0 {
                         let _ = writeln!(s, "  drop {:<23} {}", k, v);
@@ -227,8 +234,10 @@ counters! {
     ah_destroyed,
     /// Verbs destroy calls that failed (logged, never fatal).
     teardown_errors,
-    /// Work requests reaped at teardowns (their completion never came).
-    wr_reaped,
+    /// Receive WRs reaped at teardowns (their completion never came).
+    recv_reaped,
+    /// Send WRs reaped at teardowns (each also a drop with reason `reaped`).
+    send_reaped,
     /// Interface restarts completed.
     restarts,
     /// Port-down events (carrier turned off until the port is active again).
@@ -272,6 +281,36 @@ impl Snapshot {
     /// Sum of all drops.
     pub fn drops_total(&self) -> u64 {
         self.drops.values().sum()
+    }
+
+    /// `[posted, completed, flushed, reaped, outstanding]` of the receive (`true`) or
+    /// send ring, summed over every epoch.
+    pub fn ledger(&self, recv: bool) -> [u64; 5] {
+        if recv {
+            [
+                self.recv_posted,
+                self.recv_completed,
+                self.recv_flushed,
+                self.recv_reaped,
+                self.recv_outstanding,
+            ]
+        } else {
+            [
+                self.send_posted,
+                self.send_completed,
+                self.send_flushed,
+                self.send_reaped,
+                self.send_outstanding,
+            ]
+        }
+    }
+
+    /// Whether both rings' totals balance.
+    pub fn ledger_balanced(&self) -> bool {
+        [true, false].iter().all(|r| {
+            let [p, c, f, x, o] = self.ledger(*r);
+            p == c + f + x + o
+        })
     }
 
     /// Drops for one reason by name (0 if absent).

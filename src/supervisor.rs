@@ -418,7 +418,14 @@ impl Shell {
         if self.last_start.elapsed() >= HEALTHY_AFTER {
             self.backoff.reset();
         }
-        let (t, neigh) = iface.shutdown(FLUSH_DEADLINE);
+        // A lost device cannot flush anything, and an operator's `rdma link delete` waits
+        // until the endpoint is closed: tear down at once, reaping everything.
+        let deadline = if cause.device_lost() {
+            Duration::ZERO
+        } else {
+            FLUSH_DEADLINE
+        };
+        let (t, neigh) = iface.shutdown(deadline);
         self.neigh = Some(neigh);
         match &t.ledger {
             Ok(()) => {}

@@ -106,19 +106,7 @@ impl Tap {
                 .output(),
             None => Command::new("sysctl").args(["-qw", &sysctl]).output(),
         };
-        self.ip(
-            netns,
-            &[
-                "link",
-                "set",
-                "dev",
-                &name,
-                "address",
-                &mac.to_string(),
-                "mtu",
-                &mtu.to_string(),
-            ],
-        )?;
+        self.set_mac_mtu(netns, mac, mtu)?;
         self.ip(netns, &["addr", "replace", &addr.to_string(), "dev", &name])?;
         self.ip(netns, &["link", "set", "dev", &name, "up"])?;
         Ok(())
@@ -126,20 +114,16 @@ impl Tap {
 
     /// Change MAC and MTU after a rebuild found a different GID or port MTU.
     pub fn reconfigure(&self, mac: Mac, mtu: usize) -> Result<(), TapError> {
-        let name = self.name().to_string();
         let netns = self.netns.lock().ok().and_then(|n| n.clone());
+        self.set_mac_mtu(netns.as_deref(), mac, mtu)
+    }
+
+    fn set_mac_mtu(&self, netns: Option<&str>, mac: Mac, mtu: usize) -> Result<(), TapError> {
+        let name = self.name().to_string();
+        let (mac, mtu) = (mac.to_string(), mtu.to_string());
         self.ip(
-            netns.as_deref(),
-            &[
-                "link",
-                "set",
-                "dev",
-                &name,
-                "address",
-                &mac.to_string(),
-                "mtu",
-                &mtu.to_string(),
-            ],
+            netns,
+            &["link", "set", "dev", &name, "address", &mac, "mtu", &mtu],
         )
     }
 

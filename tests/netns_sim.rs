@@ -1,7 +1,9 @@
 //! Whole-daemon test on the host: `uipoib sim-pair` runs two interfaces over the
 //! simulated fabric with real TAP devices, each in its own network namespace; ping and
 //! iperf3 (TCP and UDP) run across them, `uipoib stats` reads the live counters, and
-//! SIGTERM tears everything down with balanced ledgers.
+//! SIGTERM tears everything down with balanced ledgers. A second test restarts both
+//! interfaces (an injected failed poll, a fatal async event, an operator restart) in the
+//! middle of an iperf3 TCP session, which survives.
 //!
 //! Needs root, /dev/net/tun, `ip` and `iperf3`; without them it says why and skips.
 
@@ -97,6 +99,94 @@ fn wait_up(ns: &str, tap: &str) {
     panic!("{tap} never came up in {ns}");
 }
 
+struct Pair {
+    na: Netns,
+    nb: Netns,
+    ctl_a: std::path::PathBuf,
+    ctl_b: std::path::PathBuf,
+    dir: std::path::PathBuf,
+    daemon: Daemon,
+}
+
+const A: Ipv4Addr = Ipv4Addr::new(198, 18, 2, 1);
+const B: Ipv4Addr = Ipv4Addr::new(198, 18, 2, 2);
+
+impl Pair {
+    fn start(tag: u32) -> Pair {
+        let id = std::process::id() % 10_000;
+        let na = Netns::new(&format!("uipt-a-{id}-{tag}"));
+        let nb = Netns::new(&format!("uipt-b-{id}-{tag}"));
+        let (tap_a, tap_b) = (format!("ua{id}x{tag}"), format!("ub{id}x{tag}"));
+        let dir = std::env::temp_dir().join(format!("uipoib-netns-{id}-{tag}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (ctl_a, ctl_b) = (dir.join("a.sock"), dir.join("b.sock"));
+        let child = Command::new(env!("CARGO_BIN_EXE_uipoib"))
+            .args(["sim-pair", "--netns-a", &na.0, "--netns-b", &nb.0])
+            .args(["--tap-a", &tap_a, "--tap-b", &tap_b])
+            .args(["--control-a"])
+            .arg(&ctl_a)
+            .args(["--control-b"])
+            .arg(&ctl_b)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let daemon = Daemon(child);
+        wait_up(&na.0, &tap_a);
+        wait_up(&nb.0, &tap_b);
+        Pair {
+            na,
+            nb,
+            ctl_a,
+            ctl_b,
+            dir,
+            daemon,
+        }
+    }
+
+    fn cli(&self, args: &[&str], ctl: &std::path::Path) -> serde_json::Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_uipoib"))
+            .args(args)
+            .arg("--control")
+            .arg(ctl)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "uipoib {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// SIGTERM; returns the daemon's stdout after checking it exited 0.
+    fn stop(mut self) -> String {
+        run("kill", &["-TERM", &self.daemon.0.id().to_string()]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(s) = self.daemon.0.try_wait().unwrap() {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "daemon did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut stdout = String::new();
+        use std::io::Read;
+        self.daemon
+            .0
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut stdout)
+            .unwrap();
+        assert!(status.success(), "exit {status:?}: {stdout}");
+        assert_eq!(stdout.matches("ledger balanced").count(), 2, "{stdout}");
+        assert!(!self.ctl_a.exists(), "control socket removed at exit");
+        let _ = std::fs::remove_dir_all(&self.dir);
+        stdout
+    }
+}
+
 fn iperf(ns_server: &str, ns_client: &str, server: Ipv4Addr, udp: bool) -> f64 {
     let port = if udp { "5212" } else { "5211" };
     let mut srv = Command::new("ip")
@@ -135,33 +225,8 @@ fn ping_and_iperf3_across_two_namespaces_over_the_simulated_fabric() {
         eprintln!("SKIPPED netns_sim: {why}");
         return;
     }
-    let id = std::process::id() % 100_000;
-    let (na, nb) = (
-        Netns::new(&format!("uipt-a-{id}")),
-        Netns::new(&format!("uipt-b-{id}")),
-    );
-    let (tap_a, tap_b) = (format!("uta{id}"), format!("utb{id}"));
-    let dir = std::env::temp_dir().join(format!("uipoib-netns-{id}"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (ctl_a, ctl_b) = (dir.join("a.sock"), dir.join("b.sock"));
-    let child = Command::new(env!("CARGO_BIN_EXE_uipoib"))
-        .args(["sim-pair", "--netns-a", &na.0, "--netns-b", &nb.0])
-        .args(["--tap-a", &tap_a, "--tap-b", &tap_b])
-        .args(["--control-a"])
-        .arg(&ctl_a)
-        .args(["--control-b"])
-        .arg(&ctl_b)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut daemon = Daemon(child);
-    wait_up(&na.0, &tap_a);
-    wait_up(&nb.0, &tap_b);
-
-    let a: Ipv4Addr = "198.18.2.1".parse().unwrap();
-    let b: Ipv4Addr = "198.18.2.2".parse().unwrap();
-    for (ns, dst) in [(&na.0, b), (&nb.0, a)] {
+    let p = Pair::start(1);
+    for (ns, dst) in [(&p.na.0, B), (&p.nb.0, A)] {
         let o = ns_exec(
             ns,
             &["ping", "-c", "3", "-i", "0.2", "-W", "2", &dst.to_string()],
@@ -172,53 +237,102 @@ fn ping_and_iperf3_across_two_namespaces_over_the_simulated_fabric() {
             String::from_utf8_lossy(&o.stdout)
         );
     }
-    let tcp = iperf(&nb.0, &na.0, b, false);
+    let tcp = iperf(&p.nb.0, &p.na.0, B, false);
     assert!(tcp > 1e6, "TCP through uipoib moved only {tcp} bit/s");
-    let udp = iperf(&na.0, &nb.0, a, true);
+    let udp = iperf(&p.na.0, &p.nb.0, A, true);
     assert!(udp > 1e6, "UDP through uipoib moved only {udp} bit/s");
     eprintln!(
         "netns_sim: iperf3 TCP {:.1} Mbit/s, UDP {:.1} Mbit/s",
         tcp / 1e6,
         udp / 1e6
     );
-
     // Live counters through the control socket.
-    let out = Command::new(env!("CARGO_BIN_EXE_uipoib"))
-        .args(["stats", "--json", "--control"])
-        .arg(&ctl_a)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = p.cli(&["stats", "--json"], &p.ctl_a);
     assert!(v["rx_packets"].as_u64().unwrap() > 100, "{v}");
     assert!(v["polls"].as_u64().unwrap() > 0, "{v}");
     assert!(v["arp_rx"].as_u64().unwrap() > 0, "{v}");
+    p.stop();
+}
 
-    // SIGTERM: orderly teardown, balanced ledgers, exit 0.
-    run("kill", &["-TERM", &daemon.0.id().to_string()]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(s) = daemon.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "daemon did not stop on SIGTERM");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut stdout = String::new();
-    use std::io::Read;
-    daemon
-        .0
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut stdout)
+#[test]
+fn restarts_under_iperf3_keep_the_tcp_session() {
+    if let Some(why) = missing_prerequisite() {
+        eprintln!("SKIPPED netns_sim restarts: {why}");
+        return;
+    }
+    let p = Pair::start(2);
+    let o = ns_exec(
+        &p.na.0,
+        &["ping", "-c", "2", "-i", "0.2", "-W", "2", &B.to_string()],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    let mut srv = Command::new("ip")
+        .args([
+            "netns", "exec", &p.nb.0, "iperf3", "-s", "-1", "-p", "5213", "-B",
+        ])
+        .arg(B.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
         .unwrap();
-    assert!(status.success(), "exit {status:?}: {stdout}");
-    assert_eq!(stdout.matches("ledger balanced").count(), 2, "{stdout}");
-    assert!(!ctl_a.exists(), "control socket removed at exit");
-    let _ = std::fs::remove_dir_all(&dir);
+    std::thread::sleep(Duration::from_millis(500));
+    let client = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &p.na.0,
+            "iperf3",
+            "-c",
+            &B.to_string(),
+            "-p",
+            "5213",
+        ])
+        .args(["-t", "8", "-i", "0.5", "-J"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    p.cli(&["fault", "inject", "poll-error"], &p.ctl_a);
+    std::thread::sleep(Duration::from_millis(1500));
+    p.cli(&["restart"], &p.ctl_b);
+    std::thread::sleep(Duration::from_millis(1500));
+    p.cli(
+        &["fault", "inject", "async-fatal", "--event", "qp-fatal"],
+        &p.ctl_a,
+    );
+    let out = client.wait_with_output().unwrap();
+    let _ = srv.kill();
+    let _ = srv.wait();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "iperf3 session broke: {text}");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("iperf3 JSON");
+    let received = v["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0);
+    assert!(received > 1_000_000, "only {received} bytes arrived");
+    let intervals = v["intervals"].as_array().unwrap();
+    let last = intervals.last().unwrap()["sum"]["bytes"].as_u64().unwrap();
+    assert!(
+        last > 0,
+        "no data in the last interval: the session did not resume"
+    );
+
+    for (ctl, want) in [(&p.ctl_a, 2), (&p.ctl_b, 1)] {
+        let s = p.cli(&["status", "--json"], ctl);
+        assert_eq!(s["state"], "running", "{s}");
+        let hist = s["history"].as_array().unwrap();
+        assert_eq!(hist.len(), want, "{s}");
+        for r in hist {
+            assert_eq!(r["ledger_balanced"], true, "{r}");
+            assert!(r["recovery_ms"].as_f64().unwrap() < 1000.0, "{r}");
+        }
+        eprintln!("netns_sim restarts: {}", s["history"]);
+    }
+    let causes: Vec<_> = p.cli(&["status", "--json"], &p.ctl_a)["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["cause"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(causes, ["poll-failed", "async-fatal"]);
+    p.stop();
 }

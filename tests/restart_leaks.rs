@@ -74,17 +74,8 @@ fn ten_thousand_restarts_leak_nothing() {
     );
     let s = stats.snapshot();
     // Conservation across every epoch: posted = completed + flushed + reaped + outstanding.
-    assert_eq!(
-        s.recv_posted + s.send_posted,
-        s.recv_completed
-            + s.send_completed
-            + s.recv_flushed
-            + s.send_flushed
-            + s.wr_reaped
-            + s.recv_outstanding
-            + s.send_outstanding,
-        "{s:?}"
-    );
+    assert!(s.ledger_balanced(), "{}", s.to_text());
+    assert_eq!(s.recv_outstanding, 16);
     assert!(s.send_posted >= 1000, "announcements were sent: {s:?}");
     drop(iface.shutdown(FLUSH_DEADLINE));
     drop(peer.shutdown(FLUSH_DEADLINE));

@@ -72,6 +72,8 @@ fn every_cause_recovers_with_traffic_and_a_balanced_ledger() {
             a.tap.carrier.load(Ordering::SeqCst),
             "{how}: carrier back on"
         );
+        let snap = a.stats.snapshot();
+        assert!(snap.ledger_balanced(), "{how}: {}", snap.to_text());
         flows(&a, A_IP, &b, B_IP, 100 + n as u32);
         flows(&b, B_IP, &a, A_IP, 200 + n as u32);
         if *how == "stall" {
@@ -144,6 +146,32 @@ fn circuit_breaker_declares_dead_and_operator_revives() {
     assert_eq!(s.history.last().unwrap().cause, "revived");
     flows(&b, B_IP, &a, A_IP, 5);
     flows(&a, A_IP, &b, B_IP, 6);
+    a.end();
+    b.end();
+}
+
+#[test]
+fn a_device_back_with_another_gid_and_mtu_reconfigures_the_tap() {
+    let (sim, switch, a, b) = pair(RestartPolicy::default());
+    let before = a.status();
+    switch.hide_device(true);
+    switch.inject_async(AsyncEvent::DeviceRemoved);
+    a.wait_state("waiting-for-device", 0);
+    sim.reconfigure_device("sim0", std::net::Ipv4Addr::new(198, 18, 0, 9), 2048)
+        .unwrap();
+    switch.hide_device(false);
+    let s = a.wait_state("running", 1);
+    assert_eq!(s.gid, "::ffff:198.18.0.9");
+    assert_eq!(s.mtu, 2044, "port MTU 2048 minus the IPoIB header");
+    assert_ne!(s.gid, before.gid);
+    let (mac, mtu) = a
+        .tap
+        .reconfigured
+        .lock()
+        .unwrap()
+        .expect("TAP reconfigured");
+    assert_eq!(mac.to_string(), "02:00:c6:12:00:09");
+    assert_eq!(mtu, 2044);
     a.end();
     b.end();
 }

@@ -198,7 +198,8 @@ pub enum AsyncEvent {
     PortUp,
     /// The device was removed (rdma_cm `DEVICE_REMOVAL`).
     DeviceRemoved,
-    /// Anything else, by its `ibv_event_type` value (logged, no action).
+    /// Anything else, logged with no action: an `ibv_event_type` value, or for rdma_cm
+    /// events `0x100 +` the `rdma_cm_event_type` (see `rdma::CM_EVENT_OTHER_BASE`).
     Other(u32),
 }
 

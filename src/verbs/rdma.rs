@@ -5,7 +5,16 @@
 //! a completion channel, a receive and a send CQ, a UD QP in RTS, address handles and
 //! multicast attachments. Each verbs object has an owning type whose `Drop` destroys it;
 //! the endpoint tears them down in dependency order. A destroy that fails is logged and
-//! counted ([`RdmaProvider::teardown_errors`]), never a panic.
+//! counted ([`RdmaProvider::teardown_errors`]), never a panic; after the device was lost,
+//! `EIO` from a destroy is counted apart as already destroyed
+//! ([`RdmaProvider::teardown_already_gone`]).
+//!
+//! Device loss is reported through [`Endpoint::next_async_event`]: `DEVICE_FATAL` from the
+//! verbs async fd, and rdma_cm's `DEVICE_REMOVAL` from a watcher id bound to the
+//! endpoint's address (rxe signals a removal only there). After either, drop the endpoint
+//! at once: the kernel finishes removing the device (and `rdma link delete` returns) only
+//! when every verbs context on it is closed. Then [`Provider::open`] answers
+//! [`VerbsError::NoDevice`] until a device of that name is back.
 //!
 //! What it must not do: retry a failed `ibv_poll_cq`, hide a negative return, cache
 //! anything about a device across opens (GID indexes move after port flaps and device
@@ -15,28 +24,32 @@
 //! Layout:
 //! - `device`: device lookup, port query, GID table (with the sysfs GID type), MTU;
 //! - `objects`: the owning wrappers, the buffer region, errno helpers, the teardown log;
+//! - `cm`: the removal watcher (an rdma_cm id over the kernel ABI, see there why not
+//!   librdmacm);
 //! - `endpoint`: [`RdmaEndpoint`], the [`Endpoint`] implementation.
 #![allow(unsafe_code)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+mod cm;
 mod device;
 mod endpoint;
 mod objects;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
+pub use cm::CM_EVENT_OTHER_BASE;
 pub use endpoint::RdmaEndpoint;
 
 use super::{Endpoint, EndpointConfig, Provider, VerbsError};
 
 /// Opens [`RdmaEndpoint`]s on real verbs devices (rxe, mlx5, ...).
 ///
-/// Cheap to clone; clones share the teardown-error counter, which outlives every endpoint
-/// the provider opened so that a supervisor can read it after dropping one.
+/// Cheap to clone; clones share the teardown counters, which outlive every endpoint the
+/// provider opened so that a supervisor can read them after dropping one.
 #[derive(Clone, Debug, Default)]
 pub struct RdmaProvider {
-    teardown_errors: Arc<AtomicU64>,
+    teardown: Arc<objects::TeardownCounters>,
 }
 
 impl RdmaProvider {
@@ -48,13 +61,21 @@ impl RdmaProvider {
     /// How many destroy/detach verbs failed while tearing down endpoints (or address
     /// handles) opened by this provider. Each failure was also logged with `warn!`.
     pub fn teardown_errors(&self) -> u64 {
-        self.teardown_errors.load(Ordering::Relaxed)
+        self.teardown.failed.load(Ordering::Relaxed)
+    }
+
+    /// How many destroy/detach verbs returned `EIO` after their endpoint's device was
+    /// reported lost (`DeviceFatal` / `DeviceRemoved`) and were taken as already
+    /// destroyed: the kernel released the objects with the device, rdma-core freed the
+    /// userspace side. Not included in [`Self::teardown_errors`].
+    pub fn teardown_already_gone(&self) -> u64 {
+        self.teardown.already_gone.load(Ordering::Relaxed)
     }
 
     /// Like [`Provider::open`], returning the concrete type (which adds
     /// [`RdmaEndpoint::close`] and [`RdmaEndpoint::teardown_errors`]).
     pub fn open_endpoint(&self, cfg: &EndpointConfig) -> Result<RdmaEndpoint, VerbsError> {
-        RdmaEndpoint::open(cfg, objects::TeardownLog::new(self.teardown_errors.clone()))
+        RdmaEndpoint::open(cfg, objects::TeardownLog::new(self.teardown.clone()))
     }
 }
 
@@ -94,6 +115,7 @@ mod tests {
             Ok(_) => panic!("opened a device that cannot exist"),
         }
         assert_eq!(p.teardown_errors(), 0);
+        assert_eq!(p.teardown_already_gone(), 0);
     }
 
     #[test]

@@ -467,6 +467,50 @@ impl SimFabric {
         Ok(())
     }
 
+    /// Change a device's port MTU and IPv4 address (so its GIDs), as when a device is
+    /// deleted and re-added on a netdev with another MTU or address. Endpoints already
+    /// open keep what they had; later opens see the new values.
+    pub fn reconfigure_device(
+        &self,
+        name: &str,
+        ipv4: Ipv4Addr,
+        mtu: u32,
+    ) -> Result<(), VerbsError> {
+        if !PORT_MTUS.contains(&mtu) {
+            return Err(VerbsError::Invalid {
+                field: "mtu",
+                why: format!("{mtu} is not an IB MTU (one of {PORT_MTUS:?})"),
+            });
+        }
+        let mut topo = write(&self.inner.topo);
+        let idx = *topo
+            .by_name
+            .get(name)
+            .ok_or_else(|| VerbsError::NoDevice(name.to_owned()))?;
+        let gids = [link_local_gid(ipv4), Gid::from_ipv4(ipv4)];
+        if gids
+            .iter()
+            .any(|g| topo.by_gid.get(g).is_some_and(|i| *i != idx))
+        {
+            return Err(VerbsError::Invalid {
+                field: "ipv4",
+                why: format!("another device already has address {ipv4}"),
+            });
+        }
+        let old = topo.devices[idx].gids;
+        for g in old {
+            topo.by_gid.remove(&g);
+        }
+        for g in gids {
+            topo.by_gid.insert(g, idx);
+        }
+        let d = &mut topo.devices[idx];
+        d.ipv4 = ipv4;
+        d.mtu = mtu;
+        d.gids = gids;
+        Ok(())
+    }
+
     /// The GID table of `device`'s port 1, `None` for an unknown device.
     pub fn gids(&self, device: &str) -> Option<Vec<Gid>> {
         let topo = read(&self.inner.topo);

@@ -21,7 +21,8 @@ pub(super) const LINK_LAYER_ETHERNET: u8 = 2;
 /// GID indexes are `u8` in the configuration; larger tables are scanned up to here.
 const MAX_GID_SCAN: usize = 256;
 
-/// Open the device called `name`. `NoDevice` lists the devices that do exist.
+/// Open the device called `name`. `NoDevice` lists the devices that do exist; a device
+/// that is listed but vanishes while it is opened (being removed) is `NoDevice` too.
 pub(super) fn open_by_name(name: &str, log: &TeardownLog) -> Result<Context, VerbsError> {
     let mut n: c_int = 0;
     // SAFETY: `n` is a valid out-pointer; the list is freed by `DeviceList::drop`.
@@ -63,7 +64,61 @@ pub(super) fn open_by_name(name: &str, log: &TeardownLog) -> Result<Context, Ver
         )));
     };
     // The list is freed after the open; the context keeps its own device reference.
-    Context::open(dev, log)
+    Context::open(dev, log).map_err(|e| match open_errno(&e) {
+        Some(errno) if vanished(errno) => {
+            let err = std::io::Error::from_raw_os_error(errno);
+            VerbsError::NoDevice(format!("{name} (listed, but gone when opened: {err})"))
+        }
+        _ => e,
+    })
+}
+
+fn open_errno(e: &VerbsError) -> Option<i32> {
+    match e {
+        VerbsError::Verb { source, .. } => source.raw_os_error(),
+        _ => None,
+    }
+}
+
+/// Errors of `ibv_open_device` that mean the device is going or gone: its uverbs node was
+/// deleted (`ENOENT`, `ENXIO`, `ENODEV`) or the kernel already disassociated it (`EIO`).
+fn vanished(errno: i32) -> bool {
+    matches!(errno, libc::ENOENT | libc::ENXIO | libc::ENODEV | libc::EIO)
+}
+
+/// The name of the device with kernel index `index`, if it is listed.
+pub(super) fn name_by_index(index: u32) -> Option<String> {
+    let mut n: c_int = 0;
+    // SAFETY: `n` is a valid out-pointer; the list is freed by `DeviceList::drop`.
+    let raw = unsafe { ibv_get_device_list(&mut n) };
+    if raw.is_null() {
+        return None;
+    }
+    let list = DeviceList(raw);
+    (0..usize::try_from(n).unwrap_or(0)).find_map(|i| {
+        // SAFETY: the list holds `n` entries followed by NULL; `i < n`.
+        let dev = unsafe { *list.0.add(i) };
+        if dev.is_null() {
+            return None;
+        }
+        // SAFETY: `dev` is a live list entry.
+        let idx = unsafe { ibv_get_device_index(dev) };
+        if u32::try_from(idx).ok() != Some(index) {
+            return None;
+        }
+        // SAFETY: as above; the name is copied out before the list is freed.
+        let name = unsafe { CStr::from_ptr(ibv_get_device_name(dev)) };
+        Some(name.to_string_lossy().into_owned())
+    })
+}
+
+/// The interface index of network device `ndev` (from sysfs).
+pub(super) fn ifindex(ndev: &str) -> Option<u32> {
+    std::fs::read_to_string(PathBuf::from("/sys/class/net").join(ndev).join("ifindex"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Frees a device list on drop.
@@ -381,6 +436,16 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(matches!(pick(&[], None), Err(Selection::NoGid(_))));
+    }
+
+    #[test]
+    fn vanished_device_errors() {
+        for e in [libc::ENOENT, libc::ENXIO, libc::ENODEV, libc::EIO] {
+            assert!(vanished(e), "{e}");
+        }
+        assert!(!vanished(libc::ENOMEM));
+        assert!(!vanished(libc::EACCES));
+        assert_eq!(ifindex("uipoib-no-such-netdev"), None);
     }
 
     #[test]

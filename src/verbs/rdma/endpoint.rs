@@ -2,6 +2,20 @@
 //!
 //! The datapath calls (`post_recv`, `post_send`, `poll_cq`) allocate nothing: work
 //! requests, SGEs and work completions are built in arrays sized at open time.
+//!
+//! Device loss. Two signals end an endpoint's device: `IBV_EVENT_DEVICE_FATAL` on the
+//! verbs async fd (drivers with disassociate support, e.g. mlx5; later verbs fail with
+//! `EIO`), and rdma_cm's `DEVICE_REMOVAL` on the removal watcher (`super::cm`; the only
+//! signal rxe gives when its link is deleted). Both reach the caller through
+//! [`Endpoint::next_async_event`] (one mio token covers both fds) as
+//! [`AsyncEvent::DeviceFatal`] / [`AsyncEvent::DeviceRemoved`], and the endpoint remembers
+//! the loss: from then on `EIO` from a destroy or detach means "already destroyed"
+//! ([`RdmaProvider::teardown_already_gone`](super::RdmaProvider::teardown_already_gone)),
+//! not a teardown error. On removal the caller must drop the endpoint promptly: the
+//! kernel's removal (and the operator's `rdma link delete`) waits until every verbs
+//! context on the device is closed. The endpoint never blocks in `ibv_get_cq_event` /
+//! `ibv_get_async_event` (both fds are nonblocking and only read through `&mut self`), so
+//! no read of those fds can run while it tears down.
 
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, UdpSocket};
@@ -12,6 +26,7 @@ use std::ptr;
 use mio::unix::SourceFd;
 use rdma_sys::*;
 
+use super::cm::{self, CM_EVENT_DEVICE_REMOVAL, RemovalWatcher};
 use super::device::{self, GidChoice, LINK_LAYER_ETHERNET};
 use super::objects::{
     Ah, CompChannel, Context, Cq, Mr, Pd, Qp, QpRequest, Region, SlotLayout, TeardownLog,
@@ -41,9 +56,9 @@ struct McastJoin {
 
 /// The real [`Endpoint`] over libibverbs. See the module docs of [`crate::verbs`].
 ///
-/// Dropping it tears everything down in order (multicast detaches, AHs, QP, CQs,
-/// channel, MR, PD, context, then the memory); [`RdmaEndpoint::close`] does the same and
-/// returns the first failure.
+/// Dropping it tears everything down in order (the removal watcher's rdma_cm id and fd,
+/// multicast detaches, AHs, QP, CQs, channel, MR, PD, context, then the memory);
+/// [`RdmaEndpoint::close`] does the same and returns the first failure.
 pub struct RdmaEndpoint {
     attrs: EndpointAttrs,
     log: TeardownLog,
@@ -66,12 +81,19 @@ pub struct RdmaEndpoint {
     /// `ENOMEM`, as a full device queue would.
     sends_in_flight: u32,
     torn_down: bool,
+    /// The event that told this endpoint its device is gone (`DeviceFatal` or
+    /// `DeviceRemoved`); the teardown log knows too.
+    lost: Option<AsyncEvent>,
     // Scratch arrays for the datapath, sized at open.
     send_wrs: Vec<ibv_send_wr>,
     send_sges: Vec<ibv_sge>,
     wcs: Vec<ibv_wc>,
     // Verbs objects, in teardown order (`teardown` closes them in this order; should it
     // be skipped, field drop order is the same).
+    /// rdma_cm id bound to the GID's address; `None` when it could not be set up (then
+    /// removal is seen only through DEVICE_FATAL, on drivers that send it). First to go:
+    /// the kernel's removal waits for it before it waits for the verbs contexts.
+    watcher: Option<RemovalWatcher>,
     mcast: Vec<McastJoin>,
     ahs: Vec<Option<Ah>>,
     qp: Qp,
@@ -167,6 +189,7 @@ impl RdmaEndpoint {
             }
         };
         bring_up(&qp, cfg)?;
+        let watcher = open_watcher(&ctx, cfg, &gid);
 
         let attrs = EndpointAttrs {
             device: cfg.device.clone(),
@@ -191,7 +214,8 @@ impl RdmaEndpoint {
             device = %attrs.device, port = attrs.port, qpn = attrs.qpn, gid = %attrs.gid,
             gid_index = attrs.gid_index, gid_type = ?gid.gid_type, grh = ?attrs.grh_kind,
             mtu = attrs.port_mtu, max_payload = attrs.max_payload,
-            max_inline = attrs.max_inline, "verbs endpoint open"
+            max_inline = attrs.max_inline, removal_watcher = watcher.is_some(),
+            "verbs endpoint open"
         );
         let send_n = usize::try_from(cfg.send_slots).unwrap_or(usize::MAX);
         let wc_n = usize::try_from(cfg.recv_slots.max(cfg.send_slots)).unwrap_or(usize::MAX);
@@ -204,9 +228,11 @@ impl RdmaEndpoint {
             recvs_in_flight: 0,
             sends_in_flight: 0,
             torn_down: false,
+            lost: None,
             send_wrs: (0..send_n).map(|_| zeroed()).collect(),
             send_sges: (0..send_n).map(|_| zeroed()).collect(),
             wcs: (0..wc_n).map(|_| zeroed()).collect(),
+            watcher,
             mcast: Vec::new(),
             ahs: Vec::new(),
             qp,
@@ -231,6 +257,90 @@ impl RdmaEndpoint {
         self.log.count()
     }
 
+    /// Destroys taken as already done after a device loss, counted so far by the provider
+    /// that opened this endpoint (see [`super::RdmaProvider::teardown_already_gone`]).
+    pub fn teardown_already_gone(&self) -> u64 {
+        self.log.already_gone()
+    }
+
+    /// The event that reported this endpoint's device gone ([`AsyncEvent::DeviceFatal`]
+    /// or [`AsyncEvent::DeviceRemoved`]), if any has been read.
+    pub fn device_lost(&self) -> Option<AsyncEvent> {
+        self.lost
+    }
+
+    /// Whether the rdma_cm removal watcher is running (without it, a removal is seen only
+    /// on drivers that send `DEVICE_FATAL`; rxe does not).
+    pub fn watches_removal(&self) -> bool {
+        self.watcher.is_some()
+    }
+
+    /// Record that the device is gone (see the module docs).
+    fn note_loss(&mut self, ev: AsyncEvent) {
+        if matches!(ev, AsyncEvent::DeviceFatal | AsyncEvent::DeviceRemoved) {
+            if self.lost.is_none() {
+                tracing::warn!(device = %self.attrs.device, event = ?ev, "verbs device lost");
+            }
+            self.lost.get_or_insert(ev);
+            self.log.mark_device_lost();
+        }
+    }
+
+    /// The next event of the verbs async fd, `None` when none is pending. Once the device
+    /// is lost, `EIO`/`ENODEV` from the fd (a disassociated context) also read as none.
+    fn next_verbs_event(&mut self) -> Result<Option<AsyncEvent>, VerbsError> {
+        let mut ev = RawAsyncEvent {
+            element: RawAsyncElement {
+                ptr: ptr::null_mut(),
+            },
+            event_type: 0,
+        };
+        let raw: *mut ibv_async_event = (&mut ev as *mut RawAsyncEvent).cast();
+        // SAFETY: the context is live and its async fd nonblocking; `raw` points to
+        // storage of the size and alignment of `ibv_async_event` (asserted above) whose
+        // type field is read back as a plain integer.
+        let ret = unsafe { ibv_get_async_event(self.ctx.as_ptr(), raw) };
+        if ret != 0 {
+            return match last_errno() {
+                libc::EAGAIN | libc::EINTR => Ok(None),
+                libc::EIO | libc::ENODEV if self.lost.is_some() => Ok(None),
+                e => Err(VerbsError::verb("ibv_get_async_event", e)),
+            };
+        }
+        // SAFETY: the 8 bytes were initialised (null) above and the kernel wrote the
+        // element; any bit pattern is a valid c_int, meaningful for port events.
+        let port_num = unsafe { ev.element.port_num };
+        let mapped = map_async_event(ev.event_type, port_num, self.attrs.port);
+        // SAFETY: `raw` holds the event just returned, acknowledged exactly once (a QP or
+        // CQ with unacknowledged events cannot be destroyed).
+        unsafe { ibv_ack_async_event(raw) };
+        tracing::debug!(event_type = ev.event_type, ?mapped, "verbs async event");
+        Ok(Some(mapped))
+    }
+
+    /// The next rdma_cm event of the removal watcher, `None` when none is pending (or
+    /// there is no watcher).
+    fn next_cm_event(&mut self) -> Result<Option<AsyncEvent>, VerbsError> {
+        let Some(w) = self.watcher.as_mut() else {
+            return Ok(None);
+        };
+        let Some(ev) = w.next_event()? else {
+            return Ok(None);
+        };
+        let mapped = cm::map_cm_event(ev.event);
+        if ev.event == CM_EVENT_DEVICE_REMOVAL {
+            tracing::info!(device = %self.attrs.device, "rdma_cm: DEVICE_REMOVAL");
+        } else {
+            tracing::debug!(
+                event = ev.event,
+                status = ev.status,
+                ?mapped,
+                "rdma_cm event"
+            );
+        }
+        Ok(Some(mapped))
+    }
+
     fn teardown(&mut self) -> Result<(), VerbsError> {
         if self.torn_down {
             return Ok(());
@@ -242,13 +352,18 @@ impl RdmaEndpoint {
                 first.get_or_insert(e);
             }
         };
+        // First the rdma_cm id: on a removal the kernel finishes with the cm ids before it
+        // waits for the verbs contexts. Its failure is logged by close; it is not a verbs
+        // object, so not counted.
+        if let Some(mut w) = self.watcher.take() {
+            let _ = w.close();
+        }
         // rxe refuses to destroy a QP that is still attached (EBUSY): detach first.
         for join in std::mem::take(&mut self.mcast) {
-            let r = detach_raw(&self.qp, &join.gid);
-            if let Err(e) = &r {
-                self.log.record(e);
-            }
-            keep(r);
+            keep(
+                self.log
+                    .destroyed("ibv_detach_mcast", detach_raw(&self.qp, &join.gid)),
+            );
         }
         for ah in std::mem::take(&mut self.ahs).iter_mut().flatten() {
             keep(ah.close());
@@ -300,8 +415,7 @@ impl RdmaEndpoint {
             return Ok(Some(sock));
         }
         let ifindex = device::gid_netdev(&self.attrs.device, self.attrs.port, self.attrs.gid_index)
-            .and_then(|ndev| std::fs::read_to_string(format!("/sys/class/net/{ndev}/ifindex")).ok())
-            .and_then(|s| s.trim().parse::<u32>().ok())
+            .and_then(|ndev| device::ifindex(&ndev))
             .unwrap_or(0);
         let sock =
             UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).map_err(fail("bind (multicast join)"))?;
@@ -362,15 +476,52 @@ fn raw_gid(gid: &Gid) -> ibv_gid {
     ibv_gid { raw: gid.0 }
 }
 
-fn detach_raw(qp: &Qp, gid: &Gid) -> Result<(), VerbsError> {
+/// `ibv_detach_mcast`'s return value (0 or an error code).
+fn detach_raw(qp: &Qp, gid: &Gid) -> c_int {
     let g = raw_gid(gid);
     // SAFETY: the QP is live (detach happens before it is closed); `g` is a valid GID.
-    let ret = unsafe { ibv_detach_mcast(qp.as_ptr(), &g, 0) };
-    if ret == 0 {
-        Ok(())
+    unsafe { ibv_detach_mcast(qp.as_ptr(), &g, 0) }
+}
+
+/// Set up the removal watcher for the endpoint's GID, or log why not and run without.
+fn open_watcher(ctx: &Context, cfg: &EndpointConfig, gid: &GidChoice) -> Option<RemovalWatcher> {
+    let scope_id = device::gid_netdev(&cfg.device, cfg.port, gid.index)
+        .and_then(|ndev| device::ifindex(&ndev))
+        .unwrap_or(0);
+    let addr = cm::bind_addr(&gid.gid, scope_id);
+    let (watcher, bound) = match RemovalWatcher::open(&addr) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(
+                device = %cfg.device, %addr, error = %e,
+                "no rdma_cm removal watcher: a device removal is detected only on drivers \
+                 that report DEVICE_FATAL (rxe does not)"
+            );
+            return None;
+        }
+    };
+    let (guid, index) = ctx.identity();
+    let same_index = match (index, bound.ibdev_index) {
+        (Some(a), Some(b)) => a == b,
+        _ => true,
+    };
+    if bound.node_guid != guid || !same_index || bound.port != cfg.port {
+        let bound_name = bound
+            .ibdev_index
+            .and_then(device::name_by_index)
+            .unwrap_or_else(|| "?".into());
+        tracing::warn!(
+            device = %cfg.device, port = cfg.port, %addr,
+            bound_device = %bound_name, bound_port = bound.port,
+            bound_guid = format_args!("{:016x}", u64::from_be(bound.node_guid)),
+            guid = format_args!("{:016x}", u64::from_be(guid)),
+            "the rdma_cm watcher bound to another device or port: its removal events are \
+             not this endpoint's"
+        );
     } else {
-        Err(VerbsError::verb("ibv_detach_mcast", ret_errno(ret)))
+        tracing::debug!(%addr, ibdev_index = ?bound.ibdev_index, "rdma_cm removal watcher bound");
     }
+    Some(watcher)
 }
 
 /// A work completion in the provider-independent form.
@@ -669,6 +820,17 @@ impl Endpoint for RdmaEndpoint {
             let _ = registry.deregister(&mut SourceFd(&ch));
             return Err(e);
         }
+        // The removal watcher shares the async token: `next_async_event` drains both.
+        if let Some(w) = &self.watcher {
+            let cm_fd = w.fd();
+            if let Err(e) =
+                registry.register(&mut SourceFd(&cm_fd), async_token, mio::Interest::READABLE)
+            {
+                let _ = registry.deregister(&mut SourceFd(&asy));
+                let _ = registry.deregister(&mut SourceFd(&ch));
+                return Err(e);
+            }
+        }
         Ok(())
     }
 
@@ -677,7 +839,11 @@ impl Endpoint for RdmaEndpoint {
         let asy: RawFd = self.ctx.async_fd();
         let a = registry.deregister(&mut SourceFd(&ch));
         let b = registry.deregister(&mut SourceFd(&asy));
-        a.and(b)
+        let c = match &self.watcher {
+            Some(w) => registry.deregister(&mut SourceFd(&w.fd())),
+            None => Ok(()),
+        };
+        a.and(b).and(c)
     }
 
     fn take_cq_events(&mut self) -> Result<(u32, u32), VerbsError> {
@@ -725,32 +891,15 @@ impl Endpoint for RdmaEndpoint {
     }
 
     fn next_async_event(&mut self) -> Result<Option<AsyncEvent>, VerbsError> {
-        let mut ev = RawAsyncEvent {
-            element: RawAsyncElement {
-                ptr: ptr::null_mut(),
-            },
-            event_type: 0,
+        // The verbs async fd first (DEVICE_FATAL, port and QP events), then rdma_cm.
+        let ev = match self.next_verbs_event()? {
+            Some(ev) => Some(ev),
+            None => self.next_cm_event()?,
         };
-        let raw: *mut ibv_async_event = (&mut ev as *mut RawAsyncEvent).cast();
-        // SAFETY: the context is live and its async fd nonblocking; `raw` points to
-        // storage of the size and alignment of `ibv_async_event` (asserted above) whose
-        // type field is read back as a plain integer.
-        let ret = unsafe { ibv_get_async_event(self.ctx.as_ptr(), raw) };
-        if ret != 0 {
-            return match last_errno() {
-                libc::EAGAIN | libc::EINTR => Ok(None),
-                e => Err(VerbsError::verb("ibv_get_async_event", e)),
-            };
+        if let Some(ev) = ev {
+            self.note_loss(ev);
         }
-        // SAFETY: the 8 bytes were initialised (null) above and the kernel wrote the
-        // element; any bit pattern is a valid c_int, meaningful for port events.
-        let port_num = unsafe { ev.element.port_num };
-        let mapped = map_async_event(ev.event_type, port_num, self.attrs.port);
-        // SAFETY: `raw` holds the event just returned, acknowledged exactly once (a QP or
-        // CQ with unacknowledged events cannot be destroyed).
-        unsafe { ibv_ack_async_event(raw) };
-        tracing::debug!(event_type = ev.event_type, ?mapped, "verbs async event");
-        Ok(Some(mapped))
+        Ok(ev)
     }
 
     fn create_ah(&mut self, gid: &Gid) -> Result<AhHandle, VerbsError> {
@@ -816,7 +965,9 @@ impl Endpoint for RdmaEndpoint {
                 Ok(())
             }
             Err(e) => {
-                if let Err(undo) = detach_raw(&self.qp, gid) {
+                let undo = detach_raw(&self.qp, gid);
+                if undo != 0 {
+                    let undo = VerbsError::verb("ibv_detach_mcast", ret_errno(undo));
                     tracing::warn!(
                         error = %undo, group = %gid,
                         "detach after a failed IP join failed"
@@ -835,7 +986,9 @@ impl Endpoint for RdmaEndpoint {
             });
         };
         // On failure the group stays listed, so teardown tries again before the QP goes.
-        detach_raw(&self.qp, gid)?;
+        // After a device loss, EIO means the attachment went with the device.
+        self.log
+            .excused("ibv_detach_mcast", detach_raw(&self.qp, gid))?;
         self.mcast.swap_remove(i);
         Ok(())
     }

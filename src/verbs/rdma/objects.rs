@@ -5,14 +5,16 @@
 //! owner ([`super::RdmaEndpoint`]) closes them in order (attachments and AHs, QP, CQs,
 //! channel, MR, PD, context). A failed destroy is logged and counted in the
 //! [`TeardownLog`]; the raw pointer is forgotten either way, so nothing is destroyed
-//! twice.
+//! twice. Once the endpoint has seen its device go (`DEVICE_FATAL`, rdma_cm
+//! `DEVICE_REMOVAL`), `EIO` from a destroy means "already destroyed" and is counted apart
+//! (see [`teardown_outcome`]).
 
 use std::io;
 use std::os::raw::c_int;
 use std::os::unix::io::RawFd;
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use rdma_sys::*;
 
@@ -88,26 +90,105 @@ pub(super) fn set_nonblocking(fd: RawFd, what: &'static str) -> Result<(), Verbs
     Ok(())
 }
 
-/// Where failed destroys are logged and counted. Shared with the provider.
+/// Teardown counters shared by a provider and every endpoint it opened.
+#[derive(Debug, Default)]
+pub(super) struct TeardownCounters {
+    /// Destroy/detach verbs that failed (logged with `warn!`).
+    pub(super) failed: AtomicU64,
+    /// Destroy/detach verbs that returned `EIO` after the device was lost: taken as
+    /// already destroyed (see [`teardown_outcome`]).
+    pub(super) already_gone: AtomicU64,
+}
+
+/// What a failed destroy means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum TeardownOutcome {
+    /// A real failure: logged, counted in `failed`, returned.
+    Failed,
+    /// The kernel object went with the device: counted in `already_gone`, not an error.
+    AlreadyGone,
+}
+
+/// Classify a failed destroy (`errno`) given whether the device was already lost.
+///
+/// After `IBV_EVENT_DEVICE_FATAL` (drivers with disassociate support, e.g. mlx5) the kernel
+/// has released the hardware objects and answers every later command with `EIO`, while
+/// rdma-core still frees the userspace side (libvma relies on this). Before a loss, `EIO`
+/// is an ordinary failure; any other errno is always one.
+pub(super) fn teardown_outcome(device_lost: bool, errno: i32) -> TeardownOutcome {
+    if device_lost && errno == libc::EIO {
+        TeardownOutcome::AlreadyGone
+    } else {
+        TeardownOutcome::Failed
+    }
+}
+
+/// Where failed destroys are logged and counted: the provider's counters, plus whether
+/// this endpoint's device is known to be gone (set by the endpoint when it reports
+/// `DeviceFatal` or `DeviceRemoved`).
 #[derive(Clone, Debug)]
-pub(super) struct TeardownLog(Arc<AtomicU64>);
+pub(super) struct TeardownLog {
+    counters: Arc<TeardownCounters>,
+    device_lost: Arc<AtomicBool>,
+}
 
 impl TeardownLog {
-    pub(super) fn new(counter: Arc<AtomicU64>) -> Self {
-        TeardownLog(counter)
+    /// A log for one endpoint (its own device-lost flag, the provider's counters).
+    pub(super) fn new(counters: Arc<TeardownCounters>) -> Self {
+        TeardownLog {
+            counters,
+            device_lost: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Remember that the device is gone: from now on `EIO` from a destroy is
+    /// [`TeardownOutcome::AlreadyGone`].
+    pub(super) fn mark_device_lost(&self) {
+        self.device_lost.store(true, Ordering::Relaxed);
+    }
+
+    pub(super) fn device_lost(&self) -> bool {
+        self.device_lost.load(Ordering::Relaxed)
+    }
+
+    /// The result of a destroy/detach verb that returned `ret` (0 or an error code, see
+    /// [`ret_errno`]): `Ok` when it worked or the object is already gone with the device
+    /// (counted), else the error, logged and counted as a failed teardown step.
+    pub(super) fn destroyed(&self, verb: &'static str, ret: c_int) -> Result<(), VerbsError> {
+        self.excused(verb, ret).inspect_err(|err| self.record(err))
+    }
+
+    /// Like [`Self::destroyed`] but a failure is only returned, not logged or counted
+    /// (for calls whose caller reports failures itself).
+    pub(super) fn excused(&self, verb: &'static str, ret: c_int) -> Result<(), VerbsError> {
+        if ret == 0 {
+            return Ok(());
+        }
+        let errno = ret_errno(ret);
+        match teardown_outcome(self.device_lost(), errno) {
+            TeardownOutcome::AlreadyGone => {
+                self.counters.already_gone.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(verb, "EIO after the device was lost: taken as destroyed");
+                Ok(())
+            }
+            TeardownOutcome::Failed => Err(VerbsError::verb(verb, errno)),
+        }
     }
 
     /// Log and count one failed teardown step.
     pub(super) fn record(&self, err: &VerbsError) {
-        self.0.fetch_add(1, Ordering::Relaxed);
-        // After IBV_EVENT_DEVICE_FATAL, destroys return EIO although the userspace side
-        // was released: counted like any other, the log says which verb.
+        self.counters.failed.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(error = %err, "verbs teardown step failed (object forgotten)");
     }
 
     /// Failed teardown steps so far (all endpoints of the provider).
     pub(super) fn count(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.counters.failed.load(Ordering::Relaxed)
+    }
+
+    /// Destroys taken as done after a device loss (all endpoints of the provider).
+    pub(super) fn already_gone(&self) -> u64 {
+        self.counters.already_gone.load(Ordering::Relaxed)
     }
 }
 
@@ -136,7 +217,8 @@ macro_rules! verbs_object {
             }
 
             /// Destroy the object now (idempotent). A failure is logged, counted and
-            /// returned; the object is forgotten either way.
+            /// returned (unless it is `EIO` after a device loss, see
+            /// [`TeardownLog::destroyed`]); the object is forgotten either way.
             pub(super) fn close(&mut self) -> Result<(), VerbsError> {
                 let ptr = std::mem::replace(&mut self.ptr, ptr::null_mut());
                 if ptr.is_null() {
@@ -146,13 +228,7 @@ macro_rules! verbs_object {
                 // value only and was cleared above, so it is destroyed exactly once; the
                 // owner has already closed every object that depends on it.
                 let ret = unsafe { $destroy(ptr) };
-                if ret == 0 {
-                    Ok(())
-                } else {
-                    let err = VerbsError::verb(stringify!($destroy), ret_errno(ret));
-                    self.log.record(&err);
-                    Err(err)
-                }
+                self.log.destroyed(stringify!($destroy), ret)
             }
         }
 
@@ -224,6 +300,19 @@ impl Context {
         // duration of this call; the context holds its own reference afterwards.
         let ptr = unsafe { ibv_open_device(dev) };
         Ok(Context::from_raw(created(ptr, "ibv_open_device")?, log))
+    }
+
+    /// The device's node GUID (as the kernel stores it, big-endian) and its kernel index
+    /// (`None` when libibverbs does not know it), to recognise the device elsewhere.
+    pub(super) fn identity(&self) -> (u64, Option<u32>) {
+        // SAFETY: the context is open; `device` is set by ibv_open_device and stays valid
+        // while the context lives (libibverbs holds a reference for it).
+        let dev = unsafe { (*self.ptr).device };
+        // SAFETY: `dev` is the live device of this context.
+        let guid = unsafe { ibv_get_device_guid(dev) };
+        // SAFETY: as above; returns -1 when the index is unknown.
+        let index = unsafe { ibv_get_device_index(dev) };
+        (guid, u32::try_from(index).ok())
     }
 
     /// The async event fd.
@@ -526,6 +615,59 @@ impl Drop for Region {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn log() -> (TeardownLog, Arc<TeardownCounters>) {
+        let c = Arc::new(TeardownCounters::default());
+        (TeardownLog::new(c.clone()), c)
+    }
+
+    #[test]
+    fn eio_is_already_gone_only_after_a_device_loss() {
+        assert_eq!(teardown_outcome(false, libc::EIO), TeardownOutcome::Failed);
+        assert_eq!(
+            teardown_outcome(true, libc::EIO),
+            TeardownOutcome::AlreadyGone
+        );
+        assert_eq!(teardown_outcome(true, libc::EBUSY), TeardownOutcome::Failed);
+        assert_eq!(
+            teardown_outcome(false, libc::EINVAL),
+            TeardownOutcome::Failed
+        );
+    }
+
+    #[test]
+    fn destroyed_counts_failures_and_losses_apart() {
+        let (l, c) = log();
+        assert!(l.destroyed("ibv_destroy_qp", 0).is_ok());
+        // Before any loss, EIO (positive errno or -1 with errno set) is a failure.
+        let e = l.destroyed("ibv_destroy_qp", libc::EIO).unwrap_err();
+        assert!(e.to_string().contains("ibv_destroy_qp"), "{e}");
+        assert_eq!((l.count(), l.already_gone()), (1, 0));
+        // mlx5-style: DEVICE_FATAL, then every destroy answers EIO.
+        l.mark_device_lost();
+        for verb in [
+            "ibv_destroy_qp",
+            "ibv_destroy_cq",
+            "ibv_dereg_mr",
+            "ibv_dealloc_pd",
+        ] {
+            assert!(l.destroyed(verb, libc::EIO).is_ok());
+        }
+        assert!(l.destroyed("ibv_destroy_ah", -libc::EIO).is_ok());
+        assert_eq!((l.count(), l.already_gone()), (1, 5));
+        // Anything else still is a failure.
+        assert!(l.destroyed("ibv_destroy_qp", libc::EBUSY).is_err());
+        assert_eq!((l.count(), l.already_gone()), (2, 5));
+        // `excused` classifies the same way but leaves failures to its caller.
+        assert!(l.excused("ibv_detach_mcast", libc::EIO).is_ok());
+        assert!(l.excused("ibv_detach_mcast", libc::EINVAL).is_err());
+        assert_eq!((l.count(), l.already_gone()), (2, 6));
+        // The flag is per endpoint, the counters per provider.
+        let other = TeardownLog::new(c.clone());
+        assert!(!other.device_lost());
+        assert!(other.destroyed("ibv_destroy_qp", libc::EIO).is_err());
+        assert_eq!(c.failed.load(Ordering::Relaxed), 3);
+    }
 
     #[test]
     fn ret_errno_accepts_both_conventions() {
