@@ -105,8 +105,7 @@ fn faults_report(faults: &FaultSwitch) -> Value {
         .iter()
         .map(|k| (k.name().to_string(), faults.fired(*k).into()))
         .collect();
-    let log = faults.injections();
-    let recent = &log[log.len().saturating_sub(FAULTS_LISTED)..];
+    let recent = faults.recent_injections(FAULTS_LISTED);
     json!({
         "ok": true,
         "armed": faults.armed().iter().map(FaultSpec::to_json).collect::<Vec<_>>(),

@@ -210,8 +210,10 @@ impl State {
 impl FaultSwitch {
     /// Arm `spec`, replacing an armed fault of the same kind. An `async-fatal` or
     /// `spurious-event` on command (trigger `Now`) is delivered at once instead (as many
-    /// as its limit, at most [`MAX_IMMEDIATE`]); everything else waits for the
-    /// operations its kind watches.
+    /// as its limit, at most [`MAX_IMMEDIATE`]): the event is queued for whichever
+    /// endpoint takes it, the spurious event goes to every endpoint open now (none when
+    /// the interface is between epochs). Everything else waits for the operations its
+    /// kind watches.
     pub fn arm(&self, spec: FaultSpec) {
         let kind = spec.kind();
         if spec.trigger == Trigger::Now {
@@ -348,6 +350,16 @@ impl FaultSwitch {
     /// The recorded hits, oldest first (the last [`LOG_LEN`]).
     pub fn injections(&self) -> Vec<Injection> {
         lock(&self.state).log.iter().cloned().collect()
+    }
+
+    /// The last `n` recorded hits, oldest first.
+    pub fn recent_injections(&self, n: usize) -> Vec<Injection> {
+        let st = lock(&self.state);
+        st.log
+            .iter()
+            .skip(st.log.len().saturating_sub(n))
+            .cloned()
+            .collect()
     }
 
     /// Whether any endpoint has its sends stalled.
