@@ -108,11 +108,8 @@ fn finish(a: Side, b: Side) -> (Snapshot, Snapshot) {
     finish_with(a, b, true)
 }
 
-/// [`finish`], for a failed receive post that may land in the middle of a refill: the
-/// receive ring's cumulative `recv_posted` then misses what that refill posted (see the
-/// ignored `post_recv_error_mid_batch_keeps_the_cumulative_ledger`), so only "never
-/// fewer accounted for than posted" is checked for it. Every teardown's own ledger is
-/// still checked (the restart record and the end).
+/// [`finish`], checking the two rings one by one when `recv_exact` is false (for a
+/// failed receive post that lands in the middle of a refill), with the same result.
 fn finish_with(a: Side, b: Side, recv_exact: bool) -> (Snapshot, Snapshot) {
     let (sa, sb) = (a.stats.clone(), b.stats.clone());
     a.end();
@@ -125,11 +122,7 @@ fn finish_with(a: Side, b: Side, recv_exact: bool) -> (Snapshot, Snapshot) {
             let [p, c, f, x, o] = s.ledger(false);
             assert_eq!(p, c + f + x + o, "{name}: send ledger\n{}", s.to_text());
             let [p, c, f, x, o] = s.ledger(true);
-            assert!(
-                p <= c + f + x + o,
-                "{name}: receive ledger\n{}",
-                s.to_text()
-            );
+            assert_eq!(p, c + f + x + o, "{name}: receive ledger\n{}", s.to_text());
         }
         assert_eq!(s.completions_rejected, 0, "{name}: stale-epoch completions");
         assert_eq!((s.recv_outstanding, s.send_outstanding), (0, 0), "{name}");
@@ -285,12 +278,9 @@ fn qp_error_alone_flushes_and_a_restart_recovers() {
     drops_only(&sa, &RESTART_DROPS, "qp-error");
 }
 
-/// The datapath does not yet treat flush completions outside a teardown as a failed
-/// QP: a QP moved to the error state with no async event is never restarted (the poller
-/// re-posts receives that flush at once, and flushed sends count as progress for the
-/// watchdog). Un-ignore once it does.
+/// Flush completions outside a teardown mean a QP in the error state: the datapath hands
+/// the interface over even when no async event says so.
 #[test]
-#[ignore = "needs the datapath to hand the interface over on flush completions outside a teardown"]
 fn qp_error_alone_restarts_without_an_operator() {
     let (_sim, switch, a, b) = pair(policy());
     let t = Instant::now();
@@ -360,12 +350,9 @@ fn post_recv_error_restarts_the_interface() {
 }
 
 /// A receive refill that fails after posting part of its batch: the cumulative ledger
-/// must still balance. `Interface::fill_recv` adds to `recv_posted` only when the whole
-/// batch was posted, so the part posted before the failure is missing from the counter
-/// while its completions (flushed or reaped) are counted. Un-ignore once it counts what
-/// it posted. Driven without threads, so the failure lands mid-batch every time.
+/// still balances (what was posted before the failure is counted). Driven without
+/// threads, so the failure lands mid-batch every time.
 #[test]
-#[ignore = "needs Interface::fill_recv to count the receives it posted before a failure"]
 fn post_recv_error_mid_batch_keeps_the_cumulative_ledger() {
     let sim = Arc::new(common::fabric(4096));
     let faulty = FaultyProvider::new(sim.clone());
@@ -959,18 +946,14 @@ fn seeded_random_run_of_a_thousand_faults_is_reproducible() {
         DropReason::TxNoNeighbour,
     ]);
     for (i, s) in first.stats.iter().enumerate() {
-        // Every teardown's own ledger balanced (checked at each restart). Of the
-        // cumulative counters, the send ring's balance; the receive ring's miss the
-        // receives posted before a failed post in the same refill (see the ignored
-        // `post_recv_error_mid_batch_keeps_the_cumulative_ledger`): more WRs are
-        // accounted for than counted as posted, never fewer. Make this an equality
-        // once `fill_recv` counts what it posted (and a failed `Interface::open`
-        // reaps the receives it had posted, which it does not count today).
+        // Every teardown's own ledger balanced (checked at each restart), and so do
+        // the cumulative counters of both rings.
         let [p, c, f, x, o] = s.ledger(false);
         assert_eq!(p, c + f + x + o, "side {i}: send ledger\n{}", s.to_text());
         let [p, c, f, x, o] = s.ledger(true);
-        assert!(
-            p <= c + f + x + o,
+        assert_eq!(
+            p,
+            c + f + x + o,
             "side {i}: receive ledger\n{}",
             s.to_text()
         );
