@@ -26,8 +26,9 @@ LAB_VM_PKGS=(qemu-system-x86 busybox-static rdma-core ibverbs-utils perftest ipe
 	iproute2 iputils-ping kmod util-linux coreutils gzip)
 
 # Modules loaded by lab-guest-init (their dependencies are pulled in automatically).
+# tcp_diag: `ss -ti` shows per-connection byte counters (scripts/lab-guest-faults).
 LAB_GUEST_MODULES=(crc32_generic virtio_pci virtio_net virtio_rng 9pnet_virtio 9p overlay tun
-	rdma_rxe ib_uverbs rdma_ucm)
+	rdma_rxe ib_uverbs rdma_ucm tcp_diag)
 
 # Bump when the initramfs layout changes in a way the hashed inputs do not show.
 LAB_INITRAMFS_FORMAT=1
