@@ -2,10 +2,15 @@
 //! mode 0600) speaking line-delimited JSON.
 //!
 //! Requests are one JSON object per line: `{"cmd":"stats"}`, `{"cmd":"status"}`,
-//! `{"cmd":"restart"}`, `{"cmd":"ping"}`. Replies are one line: `{"ok":true,...}` or
-//! `{"ok":false,"error":"..."}`. Junk gets an error reply, never a crash. The server runs
-//! on its own thread and reads only counters (atomics) and a small status record, so a
-//! slow or hung client can never stall the datapath; each client has a read timeout.
+//! `{"cmd":"restart"}`, `{"cmd":"ping"}`, and for fault injection
+//! `{"cmd":"inject","fault":"poll-error","after":1000}` (see [`FaultSpec::from_json`]
+//! for the fields), `{"cmd":"clear"}` and `{"cmd":"faults"}` (what is armed and what was
+//! injected). Replies are one line: `{"ok":true,...}` or `{"ok":false,"error":"..."}`.
+//! Junk gets an error reply naming what is wrong, never a crash. The server runs on its
+//! own thread and reads only counters (atomics), a small status record and the fault
+//! switch (whose lock the datapath takes only while a fault is armed, and never across
+//! a client's I/O), so a slow or hung client can never stall the datapath; each client
+//! has a read timeout.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -17,13 +22,12 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
+use crate::faults::{FaultKind, FaultSpec};
 use crate::stats::Stats;
 use crate::supervisor::Command;
 pub use crate::supervisor::Status;
-use crate::verbs::AsyncEvent;
 use crate::verbs::fault::FaultSwitch;
 
 /// Longest request line accepted.
@@ -77,57 +81,39 @@ pub struct ControlServer {
     thread: Option<JoinHandle<()>>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Request {
-    cmd: String,
-    /// For `inject`: the fault's name.
-    fault: Option<String>,
-    /// For `inject poll-error`: how many polls fail (default 1).
-    count: Option<u64>,
-    /// For `inject poll-error`: the negative value `ibv_poll_cq` returns (default -5).
-    ret: Option<i32>,
-    /// For `inject async-fatal`: which event (default `device-fatal`).
-    event: Option<String>,
+/// The faults `inject` knows.
+pub const FAULTS: &str = FaultKind::NAMES;
+
+/// Injections listed by the `faults` command (the most recent).
+pub const FAULTS_LISTED: usize = 100;
+
+/// `inject`: arm the fault the request describes. A bad request is refused naming the
+/// field that is wrong.
+fn inject(req: &Map<String, Value>, faults: &FaultSwitch) -> Result<Value, String> {
+    let spec = FaultSpec::from_map(req).map_err(|e| e.to_string())?;
+    faults.arm(spec);
+    let mut v = spec.to_json();
+    v["ok"] = true.into();
+    v["injected"] = spec.kind().name().into();
+    v["armed"] = spec.to_string().into();
+    Ok(v)
 }
 
-/// The faults `inject` knows today.
-pub const FAULTS: &str = "poll-error, async-fatal";
-
-fn inject(req: &Request, faults: &FaultSwitch) -> Result<Value, String> {
-    match req.fault.as_deref() {
-        Some("poll-error") => {
-            let ret = req.ret.unwrap_or(-5);
-            if ret >= 0 {
-                return Err(format!(
-                    "ret must be negative (a failed ibv_poll_cq), not {ret}"
-                ));
-            }
-            let count = req.count.unwrap_or(1);
-            if count == 0 {
-                return Err("count must be at least 1".into());
-            }
-            faults.arm_poll_error_n(ret, count);
-            Ok(json!({"ok": true, "injected": "poll-error", "ret": ret, "count": count}))
-        }
-        Some("async-fatal") => {
-            let ev = match req.event.as_deref().unwrap_or("device-fatal") {
-                "device-fatal" => AsyncEvent::DeviceFatal,
-                "cq-error" => AsyncEvent::CqError,
-                "qp-fatal" => AsyncEvent::QpFatal,
-                "device-removed" => AsyncEvent::DeviceRemoved,
-                other => {
-                    return Err(format!(
-                        "unknown event {other:?}; known: device-fatal, cq-error, qp-fatal, device-removed"
-                    ));
-                }
-            };
-            faults.inject_async(ev);
-            Ok(json!({"ok": true, "injected": "async-fatal", "event": format!("{ev:?}")}))
-        }
-        Some(other) => Err(format!("unknown fault {other:?}; known: {FAULTS}")),
-        None => Err(format!("inject needs a \"fault\" ({FAULTS})")),
-    }
+/// `faults`: what is armed and what has been injected.
+fn faults_report(faults: &FaultSwitch) -> Value {
+    let fired: Map<String, Value> = FaultKind::ALL
+        .iter()
+        .map(|k| (k.name().to_string(), faults.fired(*k).into()))
+        .collect();
+    let recent = faults.recent_injections(FAULTS_LISTED);
+    json!({
+        "ok": true,
+        "armed": faults.armed().iter().map(FaultSpec::to_json).collect::<Vec<_>>(),
+        "injected": faults.injected(),
+        "fired": fired,
+        "stalled": faults.stalled(),
+        "recent": recent,
+    })
 }
 
 /// What the server thread serves.
@@ -140,13 +126,24 @@ struct Ctx {
 
 fn handle_line(line: &str, cx: &Ctx) -> Value {
     let (stats, status) = (&cx.stats, &cx.status);
-    let req: Request = match serde_json::from_str(line) {
-        Ok(r) => r,
-        Err(e) => {
-            return json!({"ok": false, "error": format!("bad request (a JSON object with a \"cmd\" string and only known fields): {e}")});
-        }
+    let bad = |why: String| json!({"ok": false, "error": format!("bad request (a JSON object with a \"cmd\" string and only known fields): {why}")});
+    let req: Map<String, Value> = match serde_json::from_str(line) {
+        Ok(Value::Object(m)) => m,
+        Ok(other) => return bad(format!("not an object: {other}")),
+        Err(e) => return bad(e.to_string()),
     };
-    match req.cmd.as_str() {
+    let cmd = match req.get("cmd") {
+        Some(Value::String(c)) => c.as_str(),
+        Some(other) => return bad(format!("\"cmd\" must be a string, not {other}")),
+        None => return bad("missing \"cmd\"".into()),
+    };
+    // Only `inject` takes more than the command.
+    if cmd != "inject"
+        && let Some(k) = req.keys().find(|k| *k != "cmd")
+    {
+        return bad(format!("unknown field {k:?} for {cmd:?}"));
+    }
+    match cmd {
         "ping" => json!({"ok": true}),
         "stats" => json!({"ok": true, "stats": stats.snapshot()}),
         "status" => {
@@ -159,19 +156,20 @@ fn handle_line(line: &str, cx: &Ctx) -> Value {
             }
             _ => json!({"ok": false, "error": "this interface has no supervisor to restart it"}),
         },
-        "inject" | "clear" => match &cx.faults {
+        "inject" | "clear" | "faults" => match &cx.faults {
             None => {
                 json!({"ok": false, "error": "fault injection is not available on this interface"})
             }
-            Some(f) if req.cmd == "clear" => {
+            Some(f) if cmd == "clear" => {
                 f.clear();
                 json!({"ok": true, "cleared": true})
             }
+            Some(f) if cmd == "faults" => faults_report(f),
             Some(f) => inject(&req, f).unwrap_or_else(|e| json!({"ok": false, "error": e})),
         },
         other => json!({
             "ok": false,
-            "error": format!("unknown command {other:?}; known: ping, stats, status, restart, inject, clear"),
+            "error": format!("unknown command {other:?}; known: ping, stats, status, restart, inject, clear, faults"),
         }),
     }
 }
@@ -364,19 +362,64 @@ mod tests {
         .unwrap();
         assert_eq!(v["count"], 2);
         assert_eq!(faults.polls_failed(), 0);
-        for bad in [
-            json!({"cmd": "inject"}),
-            json!({"cmd": "inject", "fault": "meteor"}),
-            json!({"cmd": "inject", "fault": "poll-error", "ret": 3}),
-            json!({"cmd": "inject", "fault": "async-fatal", "event": "boom"}),
-            json!({"cmd": "stats", "typo": 1}),
+        let v = request_json(
+            &path,
+            &json!({"cmd": "inject", "fault": "corrupt-rx", "probability": 0.5, "seed": 3, "bytes": 2}),
+        )
+        .unwrap();
+        assert_eq!(
+            (v["seed"].as_u64(), v["bytes"].as_u64()),
+            (Some(3), Some(2))
+        );
+        assert_eq!(faults.armed().len(), 2);
+        // On command, an async event is delivered at once and recorded.
+        request_json(
+            &path,
+            &json!({"cmd": "inject", "fault": "async-fatal", "event": "qp-fatal"}),
+        )
+        .unwrap();
+        let v = request(&path, "faults").unwrap();
+        assert_eq!(v["armed"].as_array().map(Vec::len), Some(2), "{v}");
+        assert_eq!(v["injected"], 1);
+        assert_eq!(v["fired"]["async-fatal"], 1);
+        assert_eq!(v["recent"][0]["kind"], "async-fatal");
+        for (bad, field) in [
+            (json!({"cmd": "inject"}), "fault"),
+            (json!({"cmd": "inject", "fault": "meteor"}), "fault"),
+            (
+                json!({"cmd": "inject", "fault": "poll-error", "ret": 3}),
+                "ret",
+            ),
+            (
+                json!({"cmd": "inject", "fault": "async-fatal", "event": "boom"}),
+                "event",
+            ),
+            (
+                json!({"cmd": "inject", "fault": "poll-error", "after": "soon"}),
+                "after",
+            ),
+            (
+                json!({"cmd": "inject", "fault": "poll-error", "after": 1, "every": 2}),
+                "every",
+            ),
+            (
+                json!({"cmd": "inject", "fault": "slow-poll", "bytes": 2}),
+                "bytes",
+            ),
+            (
+                json!({"cmd": "inject", "fault": "poll-error", "colour": "red"}),
+                "colour",
+            ),
+            (json!({"cmd": "stats", "typo": 1}), "typo"),
+            (json!({"cmd": 5}), "cmd"),
         ] {
-            assert!(
-                matches!(request_json(&path, &bad), Err(ControlError::Refused(_))),
-                "{bad}"
-            );
+            match request_json(&path, &bad) {
+                Err(ControlError::Refused(m)) => assert!(m.contains(field), "{bad}: {m}"),
+                other => panic!("{bad}: {other:?}"),
+            }
         }
         request(&path, "clear").unwrap();
+        assert!(faults.armed().is_empty());
         match request(&path, "reboot") {
             Err(ControlError::Refused(m)) => assert!(m.contains("unknown command"), "{m}"),
             other => panic!("{other:?}"),

@@ -140,6 +140,10 @@ pub enum Failure {
     /// An operator asked for a restart.
     #[error("operator requested a restart")]
     Operator,
+    /// Flush completions outside a teardown: the QP is in the error state (with or
+    /// without an async event), and only a rebuild recovers it.
+    #[error("the QP is in the error state ({0} work requests flushed)")]
+    QpError(u64),
 }
 
 impl Failure {
@@ -154,6 +158,7 @@ impl Failure {
             Failure::Io(_) => "poller-io",
             Failure::TxStall { .. } => "tx-stall",
             Failure::Operator => "operator",
+            Failure::QpError(_) => "qp-error",
         }
     }
 
@@ -252,7 +257,10 @@ pub struct Interface {
     probe: Vec<Ipv4Addr>,
     log: RateLimit,
     tx_timeout: Duration,
-    last_tx_progress: Instant,
+    /// Set while `shutdown` drains flushes (expected then).
+    draining: bool,
+    /// Flush completions seen outside a teardown since the last check.
+    unexpected_flushes: u64,
 }
 
 impl Interface {
@@ -308,7 +316,8 @@ impl Interface {
             probe: Vec::new(),
             log: RateLimit::new(10),
             tx_timeout: p.tx_timeout,
-            last_tx_progress: Instant::now(),
+            draining: false,
+            unexpected_flushes: 0,
             ep,
         };
         stats::add(&iface.stats.ah_created, 1);
@@ -316,7 +325,11 @@ impl Interface {
         stats::set(&iface.stats.mtu, mtu as u64);
         stats::set(&iface.stats.recv_ring, u64::from(a.recv_slots));
         stats::set(&iface.stats.send_ring, u64::from(a.send_slots));
-        iface.fill_recv()?;
+        if let Err(e) = iface.fill_recv() {
+            // Receives posted before the failure are reaped with the endpoint.
+            let _ = iface.shutdown(Duration::ZERO);
+            return Err(e.into());
+        }
         iface.sync_gauges();
         tracing::info!(
             device = %a.device, port = a.port, qpn = a.qpn, gid = %a.gid, gid_index = a.gid_index,
@@ -391,6 +404,8 @@ impl Interface {
             let id = self.ledger.wr_id(Ring::Recv, slot);
             if let Err(e) = self.ep.post_recv(id, slot) {
                 self.ledger.release(Ring::Recv, slot);
+                // What was posted before the failure is in the ledger: count it too.
+                stats::add(&self.stats.recv_posted, n as u64);
                 return Err(e);
             }
             self.ledger.posted_recv(slot);
@@ -412,10 +427,20 @@ impl Interface {
                 break;
             }
         }
+        self.check_flushes()?;
         if done > 0 {
             self.fill_recv().map_err(Failure::Verbs)?;
         }
         Ok(done)
+    }
+
+    /// Flushes outside a teardown mean the QP is in the error state: hand over.
+    fn check_flushes(&mut self) -> Result<(), Failure> {
+        if self.unexpected_flushes > 0 {
+            let n = std::mem::take(&mut self.unexpected_flushes);
+            return Err(Failure::QpError(n));
+        }
+        Ok(())
     }
 
     /// Reap send completions. Returns how many.
@@ -440,6 +465,7 @@ impl Interface {
         if done > 0 {
             self.sync_gauges();
         }
+        self.check_flushes()?;
         Ok(done)
     }
 
@@ -467,7 +493,6 @@ impl Interface {
             }
         };
         let meta = acc.send.unwrap_or_default();
-        self.last_tx_progress = now;
         match c.status {
             WcStatus::Success => {
                 stats::add(&self.stats.send_completed, 1);
@@ -477,6 +502,9 @@ impl Interface {
             WcStatus::Flushed => {
                 stats::add(&self.stats.send_flushed, 1);
                 self.stats.count_drop(DropReason::TxFlushed);
+                if !self.draining {
+                    self.unexpected_flushes += 1;
+                }
             }
             WcStatus::Error(code) => {
                 stats::add(&self.stats.send_completed, 1);
@@ -508,6 +536,9 @@ impl Interface {
             WcStatus::Success => {}
             WcStatus::Flushed => {
                 stats::add(&self.stats.recv_flushed, 1);
+                if !self.draining {
+                    self.unexpected_flushes += 1;
+                }
                 return;
             }
             WcStatus::Error(code) => {
@@ -789,6 +820,7 @@ impl Interface {
             ah: dest.1,
             bytes: payload as u32,
             arp,
+            posted_at: None,
         });
     }
 
@@ -806,13 +838,13 @@ impl Interface {
                 e.posted
             }
         };
-        if self.ledger.totals(Ring::Send).outstanding == 0 {
-            // The watchdog measures from the oldest unanswered send.
-            self.last_tx_progress = now;
-        }
         for (i, (wr, meta)) in self.chain.iter().zip(self.chain_meta.iter()).enumerate() {
             if i < posted {
-                self.ledger.posted_send(wr.slot, *meta);
+                let meta = SendMeta {
+                    posted_at: Some(now),
+                    ..*meta
+                };
+                self.ledger.posted_send(wr.slot, meta);
                 if let Some(ah) = meta.ah {
                     self.neigh.send_started(ah);
                 }
@@ -843,10 +875,16 @@ impl Interface {
         self.probe = probe;
         self.flush_chain(now);
         self.sync_gauges();
+        // The watchdog measures from the oldest send still outstanding, so one lost
+        // completion is caught even while other sends keep completing.
         let outstanding = self.ledger.totals(Ring::Send).outstanding;
-        let since = now.saturating_duration_since(self.last_tx_progress);
-        if outstanding > 0 && since >= self.tx_timeout {
-            return Err(Failure::TxStall { outstanding, since });
+        if let Some(oldest) = self.ledger.oldest_send()
+            && now.saturating_duration_since(oldest) >= self.tx_timeout
+        {
+            return Err(Failure::TxStall {
+                outstanding,
+                since: now.saturating_duration_since(oldest),
+            });
         }
         Ok(())
     }
@@ -865,6 +903,7 @@ impl Interface {
         };
         let flushed_before =
             stats::get(&self.stats.recv_flushed) + stats::get(&self.stats.send_flushed);
+        self.draining = true;
         let start = Instant::now();
         if let Err(e) = self.ep.set_qp_error() {
             t.errors += 1;

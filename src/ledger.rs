@@ -10,6 +10,8 @@
 //!
 //! Pure bookkeeping: no verbs, no I/O, no clock.
 
+use std::time::Instant;
+
 use crate::verbs::{AhHandle, WcStatus};
 
 /// Bit 63 of a WR id: set for sends (the kernel's IPoIB marks receives with a bit too).
@@ -75,6 +77,8 @@ pub struct SendMeta {
     pub bytes: u32,
     /// Whether it was an ARP message.
     pub arp: bool,
+    /// When it was posted (given by the caller; the send-stall watchdog reads it).
+    pub posted_at: Option<Instant>,
 }
 
 /// Per-ring totals.
@@ -299,6 +303,17 @@ impl Ledger {
         Ok(Accepted { id, send })
     }
 
+    /// When the oldest send still outstanding was posted.
+    pub fn oldest_send(&self) -> Option<Instant> {
+        self.send
+            .state
+            .iter()
+            .zip(self.send_meta.iter())
+            .filter(|(st, _)| **st == SlotState::Posted)
+            .filter_map(|(_, m)| m.posted_at)
+            .min()
+    }
+
     /// Totals of one ring.
     pub fn totals(&self, ring: Ring) -> RingTotals {
         match ring {
@@ -407,6 +422,7 @@ mod tests {
                 ah: Some(AhHandle(7)),
                 bytes: 100,
                 arp: false,
+                posted_at: None,
             },
         );
         l.check().unwrap();

@@ -8,6 +8,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod datapath;
+pub mod faults;
 pub mod ledger;
 pub mod napi;
 pub mod neigh;

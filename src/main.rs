@@ -12,6 +12,7 @@ use tracing_subscriber::EnvFilter;
 use uipoib::config::{Config, ConfigError, FileConfig};
 use uipoib::control;
 use uipoib::daemon::{self, Spec};
+use uipoib::faults::FaultSpec;
 use uipoib::stats::Snapshot;
 use uipoib::supervisor::Status;
 use uipoib::verbs::rdma::RdmaProvider;
@@ -116,28 +117,100 @@ struct QueryArgs {
 
 #[derive(Subcommand)]
 enum FaultCmd {
-    /// Arm a fault.
-    Inject(InjectArgs),
-    /// Disarm every fault.
+    /// Arm a fault (see the fault list below; without a trigger it fires on command).
+    Inject(Box<InjectArgs>),
+    /// Disarm every fault (stalled sends flow again, a hidden device returns).
     Clear(QueryArgs),
+    /// Show the armed faults and the most recent injections.
+    Show(QueryArgs),
 }
 
 #[derive(Args)]
+#[command(after_help = "Faults (and the operations their triggers count):
+  poll-error        ibv_poll_cq returns a negative value [--ret]        (poll_cq calls)
+  lost-completion   a completion is swallowed [--cq send|recv|any]      (completions)
+  qp-error          the QP is moved to the error state [--event qp-fatal|none] (poll_cq calls)
+  post-send-error   posting a send fails [--errno]                      (send WRs)
+  post-recv-error   posting a receive fails [--errno]                   (receive WRs)
+  async-fatal       a fatal async event [--event device-fatal|cq-error|qp-fatal|device-removed]
+  spurious-event    a completion event with nothing to poll             (poll_cq calls)
+  slow-poll         each poll is delayed [--delay-ms] (default: every poll until cleared)
+  corrupt-rx        bytes of received packets are flipped [--bytes]     (receive completions)
+  stall-send        send completions are held back until cleared or a restart (send polls)")]
 struct InjectArgs {
     #[command(flatten)]
     target: QueryArgs,
-    /// The fault: poll-error (ibv_poll_cq returns a negative value) or async-fatal (a
-    /// fatal asynchronous event is delivered).
+    /// The fault (see below).
     fault: String,
-    /// poll-error: how many polls fail.
-    #[arg(long)]
-    count: Option<u64>,
-    /// poll-error: the negative value the poll returns.
+    /// Fire once N operations have passed.
+    #[arg(long, value_name = "N", conflicts_with_all = ["every", "at_ms", "probability"])]
+    after: Option<u64>,
+    /// Fire on every N-th operation.
+    #[arg(long, value_name = "N", conflicts_with_all = ["at_ms", "probability"])]
+    every: Option<u64>,
+    /// Fire from the first operation T milliseconds after arming.
+    #[arg(long, value_name = "T", conflicts_with = "probability")]
+    at_ms: Option<u64>,
+    /// Fire on each operation with probability P (0 < P <= 1), drawn from --seed.
+    #[arg(long, value_name = "P")]
+    probability: Option<f64>,
+    /// Seed of --probability (the same seed hits the same operations).
+    #[arg(long, value_name = "S", requires = "probability")]
+    seed: Option<u64>,
+    /// Fire at most N times (default: once, or until cleared for --every and
+    /// --probability); "unlimited" fires until cleared.
+    #[arg(long, value_name = "N")]
+    count: Option<String>,
+    /// poll-error: the negative value the poll returns (default -5).
     #[arg(long, allow_negative_numbers = true)]
     ret: Option<i32>,
-    /// async-fatal: device-fatal, cq-error, qp-fatal or device-removed.
+    /// post-send-error, post-recv-error: the errno, a number or a name (default ENOMEM).
+    #[arg(long)]
+    errno: Option<String>,
+    /// async-fatal: device-fatal, cq-error, qp-fatal or device-removed; qp-error:
+    /// qp-fatal to raise QP_FATAL too.
     #[arg(long)]
     event: Option<String>,
+    /// slow-poll: the delay of each poll hit, in ms (default 5).
+    #[arg(long, value_name = "MS")]
+    delay_ms: Option<u64>,
+    /// corrupt-rx: bytes flipped per packet hit (default 1).
+    #[arg(long)]
+    bytes: Option<u32>,
+    /// lost-completion: which CQ's completions are lost: send (default), recv or any.
+    #[arg(long)]
+    cq: Option<String>,
+}
+
+impl InjectArgs {
+    /// The request for the control socket.
+    fn request(&self) -> serde_json::Value {
+        let mut req = serde_json::json!({"cmd": "inject", "fault": self.fault});
+        let mut put = |k: &str, v: Option<serde_json::Value>| {
+            if let Some(v) = v {
+                req[k] = v;
+            }
+        };
+        put("after", self.after.map(Into::into));
+        put("every", self.every.map(Into::into));
+        put("at_ms", self.at_ms.map(Into::into));
+        put("probability", self.probability.map(Into::into));
+        put("seed", self.seed.map(Into::into));
+        put(
+            "count",
+            self.count.as_ref().map(|c| match c.parse::<u64>() {
+                Ok(n) => n.into(),
+                Err(_) => c.clone().into(),
+            }),
+        );
+        put("ret", self.ret.map(Into::into));
+        put("errno", self.errno.clone().map(Into::into));
+        put("event", self.event.clone().map(Into::into));
+        put("delay_ms", self.delay_ms.map(Into::into));
+        put("bytes", self.bytes.map(Into::into));
+        put("cq", self.cq.clone().map(Into::into));
+        req
+    }
 }
 
 #[derive(Args)]
@@ -267,16 +340,13 @@ fn main() -> ExitCode {
         Cmd::Status(q) => query(&q, "status"),
         Cmd::Restart(q) => query(&q, "restart"),
         Cmd::Fault(FaultCmd::Clear(q)) => query(&q, "clear"),
+        Cmd::Fault(FaultCmd::Show(q)) => query(&q, "faults"),
         Cmd::Fault(FaultCmd::Inject(a)) => {
-            let mut req = serde_json::json!({"cmd": "inject", "fault": a.fault});
-            if let Some(c) = a.count {
-                req["count"] = c.into();
-            }
-            if let Some(r) = a.ret {
-                req["ret"] = r.into();
-            }
-            if let Some(e) = &a.event {
-                req["event"] = e.clone().into();
+            let req = a.request();
+            // Checked here too, so a mistake is named even when no daemon runs.
+            if let Err(e) = FaultSpec::from_json(&req) {
+                eprintln!("uipoib: {e}");
+                return ExitCode::from(2);
             }
             send(&a.target, &req)
         }
@@ -307,6 +377,14 @@ fn query(q: &QueryArgs, cmd: &str) -> ExitCode {
         return ExitCode::from(2);
     };
     match control::request(&path, cmd) {
+        Ok(v) if cmd == "faults" => {
+            if q.json {
+                println!("{v}");
+            } else {
+                print!("{}", faults_text(&v));
+            }
+            ExitCode::SUCCESS
+        }
         Ok(v) => {
             let body = &v[cmd];
             if q.json {
@@ -339,6 +417,62 @@ fn query(q: &QueryArgs, cmd: &str) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+fn faults_text(v: &serde_json::Value) -> String {
+    use std::fmt::Write as _;
+    let mut t = String::new();
+    let armed = v["armed"].as_array().cloned().unwrap_or_default();
+    if armed.is_empty() {
+        let _ = writeln!(t, "armed     none");
+    }
+    for a in &armed {
+        match FaultSpec::from_json(a) {
+            Ok(s) => {
+                let _ = writeln!(t, "armed     {s}");
+            }
+            Err(_) => {
+                let _ = writeln!(t, "armed     {a}");
+            }
+        }
+    }
+    if v["stalled"] == true {
+        let _ = writeln!(
+            t,
+            "stalled   sends are held back (uipoib fault clear releases them)"
+        );
+    }
+    let _ = writeln!(t, "injected  {}", v["injected"]);
+    if let Some(fired) = v["fired"].as_object() {
+        for (k, n) in fired {
+            if n.as_u64().unwrap_or(0) > 0 {
+                let _ = writeln!(t, "  {k:<16} {n}");
+            }
+        }
+    }
+    let recent = v["recent"].as_array().cloned().unwrap_or_default();
+    if !recent.is_empty() {
+        let _ = writeln!(
+            t,
+            "{:>8}  {:<16} {:>8} {:>10}  unix_ms",
+            "seq", "fault", "endpoint", "op"
+        );
+        for r in &recent {
+            let ep = r["endpoint"]
+                .as_u64()
+                .map_or_else(|| "any".to_string(), |e| e.to_string());
+            let _ = writeln!(
+                t,
+                "{:>8}  {:<16} {:>8} {:>10}  {}",
+                r["seq"],
+                r["kind"].as_str().unwrap_or("?"),
+                ep,
+                r["op"],
+                r["unix_ms"]
+            );
+        }
+    }
+    t
 }
 
 fn status_text(s: &Status) -> String {
