@@ -226,6 +226,10 @@ pub struct Teardown {
     pub sends_reaped: u64,
     /// Flush completions drained before the deadline.
     pub flushed: u64,
+    /// Time spent moving the QP to error and draining flushes.
+    pub drain: Duration,
+    /// Time spent detaching and destroying the verbs objects.
+    pub destroy: Duration,
     /// Destroy calls that failed.
     pub errors: u64,
     /// The ledger's verdict after the reap.
@@ -898,6 +902,8 @@ impl Interface {
             reaped: 0,
             sends_reaped: 0,
             flushed: 0,
+            drain: Duration::ZERO,
+            destroy: Duration::ZERO,
             errors: 0,
             ledger: Ok(()),
         };
@@ -921,6 +927,8 @@ impl Interface {
                 }
             }
         }
+        t.drain = start.elapsed();
+        let destroy_start = Instant::now();
         if self.group_attached {
             if let Err(e) = self.ep.detach_mcast(&self.group) {
                 t.errors += 1;
@@ -947,6 +955,7 @@ impl Interface {
         // The endpoint goes first (QP, CQs, channel, MR, PD, context): after that no
         // completion can come for anything still posted, so it is reaped.
         drop(self.ep);
+        t.destroy = destroy_start.elapsed();
         for _ in self.ledger.reap_all() {
             self.stats.count_drop(DropReason::TxReaped);
             t.sends_reaped += 1;

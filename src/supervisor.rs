@@ -434,7 +434,12 @@ impl Shell {
             }
         }
         self.last_ledger = t.ledger.clone();
-        tracing::info!(iface = %self.s.name, reaped = t.reaped, sends_reaped = t.sends_reaped, flushed = t.flushed, destroy_errors = t.errors, "torn down");
+        tracing::info!(
+            iface = %self.s.name, reaped = t.reaped, sends_reaped = t.sends_reaped,
+            flushed = t.flushed, destroy_errors = t.errors,
+            drain_ms = t.drain.as_secs_f64() * 1e3, destroy_ms = t.destroy.as_secs_f64() * 1e3,
+            "torn down"
+        );
         let mut record = RestartRecord {
             epoch: self.epoch.wrapping_add(1),
             cause: cause.kind().into(),

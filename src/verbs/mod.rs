@@ -254,7 +254,7 @@ pub struct EndpointAttrs {
 #[derive(Debug, thiserror::Error)]
 pub enum VerbsError {
     /// No device with this name.
-    #[error("no RDMA device named {0:?} (see `rdma link` / `ibv_devices`)")]
+    #[error("no RDMA device named {0} (see `rdma link` / `ibv_devices`)")]
     NoDevice(String),
     /// The port does not exist or is unusable.
     #[error("device {device} port {port}: {why}")]
