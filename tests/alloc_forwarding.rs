@@ -1,0 +1,127 @@
+//! Steady-state forwarding allocates nothing per packet.
+//!
+//! Two [`Interface`]s on the simulated fabric, introduced by ARP, forward IPv4 both ways
+//! (full-MTU packets one way, ACK-sized ones back, as a TCP stream does) through the
+//! whole datapath: TAP read, Ethernet → IPoIB, neighbour lookup, the send chain, the
+//! ledger, completions, GRH parsing, IPoIB → Ethernet, TAP write, receive re-posting.
+//! A counting global allocator (this test binary's own) counts the allocations this
+//! thread makes once the pair is warm: there must be none.
+//!
+//! The harness's TAP double allocates nothing; `allocating_tap_is_caught` runs the same
+//! measurement with a TAP that copies every written frame into a new `Vec`, and asserts
+//! that the counter sees one allocation per packet: the test can fail.
+//!
+//! [`Interface`]: uipoib::datapath::Interface
+
+#[path = "../benches/support/mod.rs"]
+mod support;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::time::Instant;
+
+use support::Pair;
+
+struct Counting;
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn note() {
+    // `try_with`: thread-local storage may already be gone while a thread exits.
+    let _ = COUNTING.try_with(|on| {
+        if on.get() {
+            let _ = ALLOCS.try_with(|n| n.set(n.get() + 1));
+        }
+    });
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator, which upholds the
+// `GlobalAlloc` contract; the bookkeeping only touches const-initialised thread-locals,
+// which never allocate.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note();
+        // SAFETY: same layout contract as our caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note();
+        // SAFETY: same layout contract as our caller's.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note();
+        // SAFETY: `ptr` was allocated by `System` with `layout` (we forward every alloc).
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` was allocated by `System` with `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Frames per burst from each side (more than one TX batch, less than the send ring).
+const BURST: usize = 100;
+const WARM_ROUNDS: usize = 20;
+const ROUNDS: usize = 200;
+
+/// Forward `rounds` bursts each way; returns (allocations counted, packets delivered).
+fn measure(p: &mut Pair, rounds: usize) -> (u64, u64) {
+    let now = Instant::now();
+    for _ in 0..WARM_ROUNDS {
+        p.ta.load(BURST);
+        p.a_to_b(now);
+        p.tb.load(BURST);
+        p.b_to_a(now);
+    }
+    ALLOCS.with(|n| n.set(0));
+    COUNTING.with(|on| on.set(true));
+    let mut delivered = 0;
+    for _ in 0..rounds {
+        p.ta.load(BURST);
+        delivered += p.a_to_b(now);
+        p.tb.load(BURST);
+        delivered += p.b_to_a(now);
+    }
+    COUNTING.with(|on| on.set(false));
+    (ALLOCS.with(Cell::get), delivered)
+}
+
+#[test]
+fn steady_state_forwarding_allocates_nothing_per_packet() {
+    let mut p = Pair::new(4096, false);
+    let mtu = p.a.mtu();
+    p.set_traffic(mtu, 52);
+    let (allocs, delivered) = measure(&mut p, ROUNDS);
+    assert_eq!(
+        delivered,
+        (2 * ROUNDS * BURST) as u64,
+        "every packet arrived"
+    );
+    assert_eq!(
+        allocs, 0,
+        "{allocs} heap allocations while forwarding {delivered} packets"
+    );
+    let (sa, sb) = (p.a.stats().snapshot(), p.b.stats().snapshot());
+    assert_eq!(sa.drops_total() + sb.drops_total(), 0, "{sa:?} {sb:?}");
+    p.a.ledger().check().unwrap();
+    p.b.ledger().check().unwrap();
+}
+
+#[test]
+fn allocating_tap_is_caught() {
+    let mut p = Pair::new(4096, true);
+    p.set_traffic(1000, 52);
+    let (allocs, delivered) = measure(&mut p, 10);
+    assert_eq!(delivered, (2 * 10 * BURST) as u64);
+    assert!(
+        allocs >= delivered,
+        "the counter missed allocations: {allocs} counted for {delivered} packets, each of which allocates"
+    );
+}
