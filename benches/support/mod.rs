@@ -136,6 +136,7 @@ pub fn params(device: &str, addr: Ipv4Addr) -> Params {
         },
         neigh_capacity: 64,
         neigh_max_age: Duration::from_secs(300),
+        tx_timeout: uipoib::config::DEFAULT_TX_TIMEOUT,
     }
 }
 
@@ -215,7 +216,14 @@ impl Pair {
             .add_device("sim1", Ipv4Addr::new(198, 18, 0, 2), port_mtu)
             .unwrap();
         let open = |dev: &str, ip| {
-            Interface::open(&fabric, &params(dev, ip), Arc::new(Stats::default()), 1).unwrap()
+            Interface::open(
+                &fabric,
+                &params(dev, ip),
+                Arc::new(Stats::default()),
+                1,
+                &mut None,
+            )
+            .unwrap()
         };
         let a = open("sim0", A_IP);
         let b = open("sim1", B_IP);
