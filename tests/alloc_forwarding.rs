@@ -16,55 +16,15 @@
 #[path = "../benches/support/mod.rs"]
 mod support;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::time::Instant;
 
 use support::Pair;
 
-struct Counting;
-
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn note() {
-    // `try_with`: thread-local storage may already be gone while a thread exits.
-    let _ = COUNTING.try_with(|on| {
-        if on.get() {
-            let _ = ALLOCS.try_with(|n| n.set(n.get() + 1));
-        }
-    });
-}
-
-// SAFETY: every call is forwarded unchanged to the system allocator, which upholds the
-// `GlobalAlloc` contract; the bookkeeping only touches const-initialised thread-locals,
-// which never allocate.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: same layout contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: same layout contract as our caller's.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: `ptr` was allocated by `System` with `layout` (we forward every alloc).
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` was allocated by `System` with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+#[path = "counting_alloc/mod.rs"]
+mod counting_alloc;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: counting_alloc::Counting = counting_alloc::Counting;
 
 /// Frames per burst from each side (more than one TX batch, less than the send ring).
 const BURST: usize = 100;
@@ -80,8 +40,7 @@ fn measure(p: &mut Pair, rounds: usize) -> (u64, u64) {
         p.tb.load(BURST);
         p.b_to_a(now);
     }
-    ALLOCS.with(|n| n.set(0));
-    COUNTING.with(|on| on.set(true));
+    counting_alloc::start();
     let mut delivered = 0;
     for _ in 0..rounds {
         p.ta.load(BURST);
@@ -89,8 +48,7 @@ fn measure(p: &mut Pair, rounds: usize) -> (u64, u64) {
         p.tb.load(BURST);
         delivered += p.b_to_a(now);
     }
-    COUNTING.with(|on| on.set(false));
-    (ALLOCS.with(Cell::get), delivered)
+    (counting_alloc::stop(), delivered)
 }
 
 #[test]

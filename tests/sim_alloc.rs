@@ -4,8 +4,6 @@
 //! the allocations this thread makes while packets flow between two warmed-up endpoints
 //! through `post_recv`, `post_send` and `poll_cq`: there must be none.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::net::Ipv4Addr;
 
 use uipoib::verbs::sim::SimFabric;
@@ -13,49 +11,11 @@ use uipoib::verbs::{
     Completion, CqKind, Dest, EndpointConfig, Gid, MULTICAST_QPN, Provider, SendWr,
 };
 
-struct Counting;
-
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn note() {
-    // `try_with`: thread-local storage may already be gone while a thread exits.
-    let _ = COUNTING.try_with(|on| {
-        if on.get() {
-            let _ = ALLOCS.try_with(|n| n.set(n.get() + 1));
-        }
-    });
-}
-
-// SAFETY: every call is forwarded unchanged to the system allocator, which upholds the
-// `GlobalAlloc` contract; the bookkeeping only touches const-initialised thread-locals,
-// which never allocate.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: same layout contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: same layout contract as our caller's.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: `ptr` was allocated by `System` with `layout` (we forward every alloc).
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` was allocated by `System` with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+#[path = "counting_alloc/mod.rs"]
+mod counting_alloc;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: counting_alloc::Counting = counting_alloc::Counting;
 
 const QKEY: u32 = 0x0B1B_0001;
 const RING: u32 = 32;
@@ -116,12 +76,11 @@ fn no_allocation_per_packet_after_warm_up() {
     for _ in 0..3 {
         round(&mut *a, &mut *b);
     }
-    COUNTING.with(|on| on.set(true));
+    counting_alloc::start();
     for _ in 0..1000 {
         round(&mut *a, &mut *b);
     }
-    COUNTING.with(|on| on.set(false));
-    let allocs = ALLOCS.with(Cell::get);
+    let allocs = counting_alloc::stop();
     assert_eq!(
         allocs,
         0,
