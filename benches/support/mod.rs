@@ -21,9 +21,12 @@ use uipoib::napi::TxGate;
 use uipoib::stats::Stats;
 use uipoib::verbs::sim::SimFabric;
 use uipoib::verbs::{EndpointConfig, Gid};
-use uipoib::wire::arp::{self, EthArp};
-use uipoib::wire::eth::{self, EthHeader, Mac};
-use uipoib::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ipv4};
+use uipoib::wire::arp;
+use uipoib::wire::eth::{self, Mac};
+use uipoib::wire::ipv4;
+
+#[path = "../../tests/common/frames.rs"]
+mod frames;
 
 /// A TAP double that reads copies of one template frame and counts writes.
 pub struct RingTap {
@@ -157,51 +160,9 @@ pub struct Pair {
 }
 
 /// An Ethernet frame with an IPv4 packet of `ip_len` bytes in total (protocol 253, a
-/// correct header checksum).
+/// correct header checksum, zero payload).
 pub fn ipv4_frame(dst: Mac, src: Mac, sip: Ipv4Addr, dip: Ipv4Addr, ip_len: usize) -> Vec<u8> {
-    let mut f = vec![0u8; eth::HEADER_LEN + ip_len];
-    eth::emit_header(
-        &mut f,
-        &EthHeader {
-            dst,
-            src,
-            ethertype: ETHERTYPE_IPV4,
-        },
-    )
-    .unwrap();
-    let ip = &mut f[eth::HEADER_LEN..];
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&(ip_len as u16).to_be_bytes());
-    ip[8] = 64;
-    ip[9] = 253;
-    ip[12..16].copy_from_slice(&sip.octets());
-    ip[16..20].copy_from_slice(&dip.octets());
-    let c = ipv4::checksum(&ip[..20]);
-    ip[10..12].copy_from_slice(&c.to_be_bytes());
-    f
-}
-
-fn arp_frame(dst: Mac, op: u16, sha: Mac, spa: Ipv4Addr, tha: Mac, tpa: Ipv4Addr) -> Vec<u8> {
-    let mut f = vec![0u8; eth::HEADER_LEN + arp::ETH_ARP_LEN];
-    eth::emit_header(
-        &mut f,
-        &EthHeader {
-            dst,
-            src: sha,
-            ethertype: ETHERTYPE_ARP,
-        },
-    )
-    .unwrap();
-    EthArp {
-        op,
-        sha,
-        spa,
-        tha,
-        tpa,
-    }
-    .emit(&mut f[eth::HEADER_LEN..])
-    .unwrap();
-    f
+    frames::ipv4_frame(dst, src, sip, dip, &vec![0; ip_len - ipv4::MIN_HEADER_LEN])
 }
 
 impl Pair {
@@ -246,7 +207,7 @@ impl Pair {
         };
         let now = Instant::now();
         let (am, bm) = (p.a.mac(), p.b.mac());
-        p.ta.set_template(&arp_frame(
+        p.ta.set_template(&frames::eth_arp(
             Mac::BROADCAST,
             arp::OP_REQUEST,
             am,
@@ -256,7 +217,7 @@ impl Pair {
         ));
         p.ta.load(1);
         p.a_to_b(now);
-        p.tb.set_template(&arp_frame(am, arp::OP_REPLY, bm, B_IP, am, A_IP));
+        p.tb.set_template(&frames::eth_arp(am, arp::OP_REPLY, bm, B_IP, am, A_IP));
         p.tb.load(1);
         p.b_to_a(now);
         assert!(p.a.neighbours().by_ip(B_IP).is_some(), "A learned B");
