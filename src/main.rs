@@ -354,29 +354,31 @@ fn main() -> ExitCode {
     }
 }
 
-fn send(q: &QueryArgs, req: &serde_json::Value) -> ExitCode {
+/// Send one request to the daemon named by `q`; on failure the error is printed and
+/// the exit code to end with is returned.
+fn ask(q: &QueryArgs, req: &serde_json::Value) -> Result<serde_json::Value, ExitCode> {
     let Some(path) = daemon::control_path(q.tap.as_deref(), q.control.clone()) else {
         eprintln!("uipoib: give --tap or --control");
-        return ExitCode::from(2);
+        return Err(ExitCode::from(2));
     };
-    match control::request_json(&path, req) {
+    control::request_json(&path, req).map_err(|e| {
+        eprintln!("uipoib: {e}");
+        ExitCode::from(1)
+    })
+}
+
+fn send(q: &QueryArgs, req: &serde_json::Value) -> ExitCode {
+    match ask(q, req) {
         Ok(v) => {
             println!("{v}");
             ExitCode::SUCCESS
         }
-        Err(e) => {
-            eprintln!("uipoib: {e}");
-            ExitCode::from(1)
-        }
+        Err(code) => code,
     }
 }
 
 fn query(q: &QueryArgs, cmd: &str) -> ExitCode {
-    let Some(path) = daemon::control_path(q.tap.as_deref(), q.control.clone()) else {
-        eprintln!("uipoib: give --tap or --control");
-        return ExitCode::from(2);
-    };
-    match control::request(&path, cmd) {
+    match ask(q, &serde_json::json!({ "cmd": cmd })) {
         Ok(v) if cmd == "faults" => {
             if q.json {
                 println!("{v}");
@@ -412,10 +414,7 @@ fn query(q: &QueryArgs, cmd: &str) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Err(e) => {
-            eprintln!("uipoib: {e}");
-            ExitCode::from(1)
-        }
+        Err(code) => code,
     }
 }
 
