@@ -179,7 +179,6 @@ pub struct RateLimit {
     window: Option<Instant>,
     used: u32,
     per_sec: u32,
-    suppressed: u64,
 }
 
 impl RateLimit {
@@ -189,7 +188,6 @@ impl RateLimit {
             window: None,
             used: 0,
             per_sec,
-            suppressed: 0,
         }
     }
 
@@ -206,14 +204,8 @@ impl RateLimit {
             self.used += 1;
             true
         } else {
-            self.suppressed += 1;
             false
         }
-    }
-
-    /// Lines suppressed so far.
-    pub fn suppressed(&self) -> u64 {
-        self.suppressed
     }
 }
 
@@ -950,12 +942,12 @@ impl Interface {
                 }
             }
         }
-        // Sends reaped here never completed: whether they left is unknown, so each is
-        // counted as dropped with reason `reaped`.
         // The endpoint goes first (QP, CQs, channel, MR, PD, context): after that no
         // completion can come for anything still posted, so it is reaped.
         drop(self.ep);
         t.destroy = destroy_start.elapsed();
+        // Sends reaped never completed: whether they left is unknown, so each is counted
+        // as dropped with reason `reaped`.
         for _ in self.ledger.reap_all() {
             self.stats.count_drop(DropReason::TxReaped);
             t.sends_reaped += 1;

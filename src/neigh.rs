@@ -319,18 +319,6 @@ impl Neighbours {
         self.resolving
             .retain(|_, t| now.saturating_duration_since(*t) < RESOLVE_INTERVAL);
     }
-
-    /// Empty the table for a teardown: every AH it knows (live or retiring) is returned.
-    /// The caller has already accounted for every send (completed, flushed or reaped).
-    pub fn clear(&mut self) -> Vec<AhHandle> {
-        let mut all: Vec<AhHandle> = self.peers.values().filter_map(|p| p.ah).collect();
-        all.append(&mut self.retiring);
-        self.peers.clear();
-        self.ips.clear();
-        self.inflight.clear();
-        self.resolving.clear();
-        all
-    }
 }
 
 #[cfg(test)]
@@ -457,7 +445,7 @@ mod tests {
     }
 
     #[test]
-    fn clear_returns_every_ah() {
+    fn take_ahs_returns_live_and_retiring_ahs() {
         let t0 = Instant::now();
         let mut n = Neighbours::new(1, Duration::from_secs(10));
         let mut d = vec![];
@@ -466,9 +454,10 @@ mod tests {
         n.send_started(AhHandle(1));
         let (m2, _) = n.learn(Some(ip(2)), hw(2, 17), t0, &mut d);
         n.set_ah(&m2, AhHandle(2));
-        let mut all = n.clear();
+        let mut all = n.take_ahs();
         all.sort();
         assert_eq!(all, vec![AhHandle(1), AhHandle(2)]);
-        assert!(n.is_empty());
+        assert_eq!(n.retiring(), 0);
+        assert_eq!(n.len(), 1, "the peers stay for the next epoch");
     }
 }
