@@ -15,6 +15,7 @@ pub mod neigh;
 pub mod poller;
 pub mod stats;
 pub mod supervisor;
+pub mod sys;
 pub mod tap;
 pub mod verbs;
 pub mod wire;

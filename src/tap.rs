@@ -170,24 +170,10 @@ impl TapDevice for Tap {
     }
 
     fn set_carrier(&self, on: bool) -> io::Result<()> {
-        set_carrier(self.iface.as_raw_fd(), on)
+        crate::sys::tun_set_carrier(self.iface.as_raw_fd(), on)
     }
 
     fn reconfigure(&self, mac: Mac, mtu: usize) -> Result<(), TapError> {
         Tap::reconfigure(self, mac, mtu)
     }
-}
-
-/// `TUNSETCARRIER` on a TUN/TAP descriptor (Linux 5.0 and later).
-#[allow(unsafe_code)]
-fn set_carrier(fd: RawFd, on: bool) -> io::Result<()> {
-    let value: libc::c_int = on.into();
-    // SAFETY: `fd` is an open TUN/TAP descriptor owned by `Tap` for the duration of the
-    // call; TUNSETCARRIER reads one `c_int` through the pointer, which points to a live
-    // local.
-    let r = unsafe { libc::ioctl(fd, libc::TUNSETCARRIER, &value as *const libc::c_int) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }

@@ -1,0 +1,21 @@
+//! The operating-system calls the crate makes outside the verbs FFI: today one TUN/TAP
+//! ioctl. Like `verbs::rdma`, this module is allowed `unsafe`; every block says why it
+//! holds.
+#![allow(unsafe_code)]
+
+use std::io;
+use std::os::fd::RawFd;
+
+/// `TUNSETCARRIER` on a TUN/TAP descriptor (Linux 5.0 and later): the link carrier on or
+/// off.
+pub fn tun_set_carrier(fd: RawFd, on: bool) -> io::Result<()> {
+    let value: libc::c_int = on.into();
+    // SAFETY: TUNSETCARRIER reads one `c_int` through the pointer, which points to a live
+    // local for the duration of the call; a descriptor that is not an open TUN/TAP fd
+    // makes the kernel return an error (EBADF, ENOTTY), never touch other memory.
+    let r = unsafe { libc::ioctl(fd, libc::TUNSETCARRIER, &value as *const libc::c_int) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
