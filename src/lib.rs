@@ -13,6 +13,7 @@ pub mod ledger;
 pub mod napi;
 pub mod neigh;
 pub mod poller;
+pub mod scenario;
 pub mod stats;
 pub mod supervisor;
 pub mod sys;

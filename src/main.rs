@@ -1,6 +1,7 @@
 //! `uipoib`: the command-line front end. See `uipoib --help`.
 #![deny(unsafe_code)]
 
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,6 +14,7 @@ use uipoib::config::{Config, ConfigError, FileConfig};
 use uipoib::control;
 use uipoib::daemon::{self, Spec};
 use uipoib::faults::FaultSpec;
+use uipoib::scenario::{Runner, Scenario};
 use uipoib::stats::Snapshot;
 use uipoib::supervisor::Status;
 use uipoib::verbs::rdma::RdmaProvider;
@@ -123,6 +125,138 @@ enum FaultCmd {
     Clear(QueryArgs),
     /// Show the armed faults and the most recent injections.
     Show(QueryArgs),
+    /// Play a scenario file (config/faults/*.toml) against a running daemon and report
+    /// on every fault; exits 1 if an expectation failed, 2 if the file is invalid.
+    Run(RunArgs),
+    /// Check scenario files without running them (exits 2 naming the first problem).
+    Check(CheckArgs),
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// The scenario file.
+    file: PathBuf,
+    /// The interface's TAP name (finds /run/uipoib/<tap>.sock).
+    #[arg(long, required_unless_present = "control")]
+    tap: Option<String>,
+    /// The control socket path.
+    #[arg(long)]
+    control: Option<PathBuf>,
+    /// Set a scenario variable (overrides the file's [vars]); repeatable.
+    #[arg(long = "var", value_name = "NAME=VALUE")]
+    vars: Vec<String>,
+    /// Also write the report as JSON to this file.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+    /// No progress lines on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+#[derive(Args)]
+struct CheckArgs {
+    /// The scenario files.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// Set a scenario variable; repeatable.
+    #[arg(long = "var", value_name = "NAME=VALUE")]
+    vars: Vec<String>,
+}
+
+/// `NAME=VALUE` pairs.
+fn parse_vars(vars: &[String]) -> Result<BTreeMap<String, String>, String> {
+    vars.iter()
+        .map(|v| match v.split_once('=') {
+            Some((k, val)) if !k.is_empty() => Ok((k.to_string(), val.to_string())),
+            _ => Err(format!("--var {v:?}: give NAME=VALUE")),
+        })
+        .collect()
+}
+
+fn scenario_check(a: &CheckArgs) -> ExitCode {
+    let vars = match parse_vars(&a.vars) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("uipoib: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut bad = false;
+    for f in &a.files {
+        match Scenario::load(f, &vars) {
+            Ok(s) => println!(
+                "{}: ok ({}: {} steps{})",
+                f.display(),
+                s.name,
+                s.steps.len(),
+                if s.repeat > 1 {
+                    format!(", {} times", s.repeat)
+                } else {
+                    String::new()
+                }
+            ),
+            Err(e) => {
+                eprintln!("uipoib: {e}");
+                bad = true;
+            }
+        }
+    }
+    if bad {
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn scenario_run(a: &RunArgs) -> ExitCode {
+    let vars = match parse_vars(&a.vars) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("uipoib: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let scenario = match Scenario::load(&a.file, &vars) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("uipoib: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let Some(path) = daemon::control_path(a.tap.as_deref(), a.control.clone()) else {
+        eprintln!("uipoib: give --tap or --control");
+        return ExitCode::from(2);
+    };
+    let mut runner = Runner::new(scenario, &path);
+    if a.quiet {
+        runner = runner.quiet();
+    }
+    let report = match runner.run() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("uipoib: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    print!("{}", report.to_text());
+    if let Some(p) = &a.json {
+        let text = match serde_json::to_string_pretty(&report) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("uipoib: the report as JSON: {e}");
+                return ExitCode::from(1);
+            }
+        };
+        if let Err(e) = std::fs::write(p, text + "\n") {
+            eprintln!("uipoib: writing {}: {e}", p.display());
+            return ExitCode::from(1);
+        }
+    }
+    if report.passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
 }
 
 #[derive(Args)]
@@ -341,6 +475,8 @@ fn main() -> ExitCode {
         Cmd::Restart(q) => query(&q, "restart"),
         Cmd::Fault(FaultCmd::Clear(q)) => query(&q, "clear"),
         Cmd::Fault(FaultCmd::Show(q)) => query(&q, "faults"),
+        Cmd::Fault(FaultCmd::Run(a)) => scenario_run(&a),
+        Cmd::Fault(FaultCmd::Check(a)) => scenario_check(&a),
         Cmd::Fault(FaultCmd::Inject(a)) => {
             let req = a.request();
             // Checked here too, so a mistake is named even when no daemon runs.

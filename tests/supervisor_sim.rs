@@ -143,7 +143,12 @@ fn circuit_breaker_declares_dead_and_operator_revives() {
     // An operator restart revives it.
     a.sup().restart();
     let s = a.wait_state("running", 4);
-    assert_eq!(s.history.last().unwrap().cause, "revived");
+    let revived = s.history.last().unwrap();
+    assert_eq!(revived.cause, "revived");
+    assert!(
+        revived.ledger_balanced && revived.wr_reaped == 0,
+        "nothing left to reap when reviving: {revived:?}"
+    );
     flows(&b, B_IP, &a, A_IP, 5);
     flows(&a, A_IP, &b, B_IP, 6);
     a.end();

@@ -1,0 +1,264 @@
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::run::iperf3_interval_mbps;
+use super::*;
+
+fn parse(text: &str) -> Result<Scenario, ScenarioError> {
+    Scenario::parse(Path::new("t.toml"), text, &BTreeMap::new())
+}
+
+fn err(text: &str) -> ScenarioError {
+    match parse(text) {
+        Ok(s) => panic!("accepted: {s:?}"),
+        Err(e) => e,
+    }
+}
+
+const OK: &str = r#"
+name = "t"
+[vars]
+peer = "198.18.1.1"
+
+[traffic]
+command = "iperf3 -c ${peer}"
+
+[[step]]
+do = "wait"
+ms = 100
+
+[[step]]
+do = "inject"
+fault = "poll-error"
+after = 5
+
+[[step]]
+do = "expect"
+restarts = 1
+cause = "poll-failed"
+traffic_running = true
+"#;
+
+#[test]
+fn every_shipped_scenario_loads() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/faults");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "toml") {
+            let s = Scenario::load(&p, &BTreeMap::new()).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(
+                Some(s.name.as_str()),
+                p.file_stem().and_then(|s| s.to_str())
+            );
+            assert!(!s.description.is_empty(), "{}", p.display());
+            n += 1;
+        }
+    }
+    // One per fault kind (some share a file), a storm, a device flap and the breaker.
+    assert!(n >= 13, "{n} scenarios");
+}
+
+#[test]
+fn a_good_file_loads_with_its_variables_substituted() {
+    let s = parse(OK).unwrap();
+    assert_eq!(s.name, "t");
+    assert_eq!(s.repeat, 1);
+    assert_eq!(s.steps.len(), 3);
+    assert_eq!(s.steps[1].line, 13);
+    let t = s.traffic.unwrap();
+    assert_eq!(t.command, Command::Shell("iperf3 -c 198.18.1.1".into()));
+    let Action::Inject { spec, label } = &s.steps[1].action else {
+        panic!("{:?}", s.steps[1]);
+    };
+    assert_eq!(spec.kind(), crate::faults::FaultKind::PollError);
+    assert_eq!(label, "poll-error");
+}
+
+#[test]
+fn a_variable_given_on_the_command_line_wins() {
+    let mut o = BTreeMap::new();
+    o.insert("peer".to_string(), "198.18.9.9".to_string());
+    let s = Scenario::parse(Path::new("t.toml"), OK, &o).unwrap();
+    assert_eq!(
+        s.traffic.unwrap().command,
+        Command::Shell("iperf3 -c 198.18.9.9".into())
+    );
+}
+
+#[test]
+fn an_unknown_step_names_its_line_and_field() {
+    let e = err("[[step]]\ndo = \"wait\"\nms = 1\n\n[[step]]\ndo = \"sleep\"\n");
+    assert_eq!((e.line, e.field.as_str()), (6, "step[2].do"), "{e}");
+    assert!(e.why.contains("unknown step \"sleep\""), "{e}");
+    assert!(e.to_string().starts_with("t.toml:6: step[2].do: "), "{e}");
+}
+
+#[test]
+fn a_misspelt_fault_option_names_its_line() {
+    let e = err("[[step]]\ndo = \"inject\"\nfault = \"poll-error\"\n\naftr = 3\n");
+    assert_eq!((e.line, e.field.as_str()), (5, "step[1].aftr"), "{e}");
+    assert!(e.why.contains("unknown field"), "{e}");
+}
+
+#[test]
+fn an_option_the_fault_does_not_take_is_refused() {
+    let e = err("[[step]]\ndo = \"inject\"\nfault = \"qp-error\"\nret = -5\n");
+    assert_eq!((e.line, e.field.as_str()), (4, "step[1].ret"), "{e}");
+    assert!(e.why.contains("does not apply to qp-error"), "{e}");
+}
+
+#[test]
+fn an_unknown_fault_is_refused_with_the_list() {
+    let e = err("[[step]]\ndo = \"inject\"\nfault = \"pol-error\"\n");
+    assert_eq!((e.line, e.field.as_str()), (3, "step[1].fault"), "{e}");
+    assert!(e.why.contains("poll-error"), "{e}");
+}
+
+#[test]
+fn two_triggers_are_refused() {
+    let e = err("[[step]]\ndo = \"inject\"\nfault = \"poll-error\"\nafter = 1\nevery = 2\n");
+    assert_eq!(e.line, 5, "{e}");
+    assert_eq!(e.field, "step[1].every");
+}
+
+#[test]
+fn a_value_of_the_wrong_type_is_refused() {
+    let e = err("[[step]]\ndo = \"wait\"\nms = \"5s\"\n");
+    assert_eq!((e.line, e.field.as_str()), (3, "step[1].ms"), "{e}");
+    assert!(e.why.contains("whole number"), "{e}");
+    let e = err("[[step]]\ndo = \"wait\"\nms = -1\n");
+    assert_eq!(e.line, 3, "{e}");
+}
+
+#[test]
+fn a_missing_field_names_the_step() {
+    let e = err("\n[[step]]\ndo = \"wait\"\n");
+    assert_eq!((e.line, e.field.as_str()), (2, "step[1].ms"), "{e}");
+    assert!(e.why.starts_with("missing"), "{e}");
+    let e = err("[[step]]\nms = 3\n");
+    assert_eq!(e.field, "step[1].do", "{e}");
+}
+
+#[test]
+fn an_undefined_variable_is_refused() {
+    let e =
+        err("[[step]]\ndo = \"exec\"\ncommand = [\"rdma\", \"link\", \"delete\", \"${device}\"]\n");
+    assert_eq!((e.line, e.field.as_str()), (3, "step[1].command"), "{e}");
+    assert!(e.why.contains("${device}"), "{e}");
+    let e = err("[[step]]\ndo = \"exec\"\ncommand = \"echo ${oops\"\n");
+    assert!(e.why.contains("unclosed"), "{e}");
+}
+
+#[test]
+fn toml_syntax_and_unknown_top_level_keys_name_the_line() {
+    let e = err("name = \"x\"\n[[step]]\ndo = \"wait\n");
+    assert_eq!(e.line, 3, "{e}");
+    let e = err("name = \"x\"\nrepeats = 3\n[[step]]\ndo = \"clear\"\n");
+    assert_eq!(e.line, 2, "{e}");
+    assert!(e.why.contains("repeats"), "{e}");
+}
+
+#[test]
+fn repeat_must_be_in_range() {
+    let e = err("repeat = 0\n[[step]]\ndo = \"clear\"\n");
+    assert_eq!((e.line, e.field.as_str()), (1, "repeat"), "{e}");
+}
+
+#[test]
+fn an_expect_needs_a_fault_and_something_to_check() {
+    let e = err("[[step]]\ndo = \"expect\"\nstate = \"running\"\n");
+    assert_eq!(e.line, 1, "{e}");
+    assert!(e.why.contains("needs a fault before it"), "{e}");
+    let e = err("[[step]]\ndo = \"restart\"\n[[step]]\ndo = \"expect\"\nwithin_ms = 5\n");
+    assert_eq!(e.line, 3, "{e}");
+    assert!(e.why.contains("must check something"), "{e}");
+}
+
+#[test]
+fn expectations_are_checked_against_known_names() {
+    let base = "[[step]]\ndo = \"restart\"\n[[step]]\ndo = \"expect\"\n";
+    let e = err(&format!("{base}state = \"sleeping\"\n"));
+    assert_eq!((e.line, e.field.as_str()), (5, "step[2].state"), "{e}");
+    let e = err(&format!("{base}cause = [\"poll-failed\", \"gremlins\"]\n"));
+    assert!(e.why.contains("gremlins"), "{e}");
+    let e = err(&format!("{base}drops_only = [\"reaped\", \"lost\"]\n"));
+    assert!(e.why.contains("\"lost\""), "{e}");
+    let e = err(&format!("{base}rising = [\"drops.nope\"]\n"));
+    assert!(e.why.contains("drops.nope"), "{e}");
+    let e = err(&format!("{base}restarts = 1\nrestarts_at_least = 1\n"));
+    assert_eq!(e.field, "step[2].restarts_at_least", "{e}");
+    // A counter and a drop reason that exist are fine.
+    parse(&format!(
+        "{base}rising = [\"spurious_events\", \"drops.tx_post_failed\"]\n"
+    ))
+    .unwrap();
+}
+
+#[test]
+fn traffic_running_needs_traffic() {
+    let e = err("[[step]]\ndo = \"restart\"\n[[step]]\ndo = \"expect\"\ntraffic_running = true\n");
+    assert_eq!((e.line, e.field.as_str()), (3, "traffic_running"), "{e}");
+}
+
+#[test]
+fn a_storm_mix_is_checked() {
+    let ok = "[[step]]\ndo = \"storm\"\ncount = 10\nduration_ms = 100\n[step.faults]\ncorrupt-rx = 3\nlost-completion = { weight = 2, cq = \"recv\" }\n";
+    let s = parse(ok).unwrap();
+    let Action::Storm(st) = &s.steps[0].action else {
+        panic!()
+    };
+    assert_eq!(st.mix.len(), 2);
+    assert_eq!(st.mix.iter().map(|(_, w)| w).sum::<u64>(), 5);
+    let e = err(
+        "[[step]]\ndo = \"storm\"\ncount = 10\nduration_ms = 100\n[step.faults]\ncorupt-rx = 3\n",
+    );
+    assert_eq!(e.field, "step[1].faults.corupt-rx", "{e}");
+    assert!(e.why.contains("unknown fault"), "{e}");
+    let e = err(
+        "[[step]]\ndo = \"storm\"\ncount = 10\nduration_ms = 100\n[step.faults]\nqp-error = { weight = 1, cq = \"recv\" }\n",
+    );
+    assert_eq!(e.field, "step[1].faults.qp-error.cq", "{e}");
+    let e = err(
+        "[[step]]\ndo = \"storm\"\ncount = 10\nduration_ms = 100\n[step.faults]\nqp-error = 0\n",
+    );
+    assert!(e.why.contains("weight"), "{e}");
+    let e = err("[[step]]\ndo = \"storm\"\ncount = 10\n");
+    assert_eq!(e.field, "step[1].duration_ms", "{e}");
+}
+
+#[test]
+fn an_exec_takes_a_shell_line_or_arguments() {
+    let s = parse("[[step]]\ndo = \"exec\"\ncommand = [\"true\"]\nfault = \"x\"\nwithin_ms = 5\n")
+        .unwrap();
+    let Action::Exec {
+        command,
+        fault,
+        within,
+        ..
+    } = &s.steps[0].action
+    else {
+        panic!()
+    };
+    assert_eq!(*command, Command::Argv(vec!["true".into()]));
+    assert_eq!(fault.as_deref(), Some("x"));
+    assert_eq!(*within, Some(std::time::Duration::from_millis(5)));
+    let e = err("[[step]]\ndo = \"exec\"\ncommand = []\n");
+    assert_eq!(e.field, "step[1].command", "{e}");
+    let e = err("[[step]]\ndo = \"exec\"\ncommand = 5\n");
+    assert!(e.why.contains("integer"), "{e}");
+}
+
+#[test]
+fn iperf3_interval_lines_give_their_throughput() {
+    let l = "[  5]   1.00-2.00   sec  11.2 MBytes  94.0 Mbits/sec    0    250 KBytes";
+    assert_eq!(iperf3_interval_mbps(l), Some(94.0));
+    let l = "[  5]   2.00-3.00   sec   120 KBytes   983 Kbits/sec";
+    assert!((iperf3_interval_mbps(l).unwrap() - 0.983).abs() < 1e-9);
+    let l = "[  5]   3.00-4.00   sec  1.10 GBytes  1.2 Gbits/sec";
+    assert_eq!(iperf3_interval_mbps(l), Some(1200.0));
+    let l = "[  5]   0.00-10.00  sec   112 MBytes  94.0 Mbits/sec    3             sender";
+    assert_eq!(iperf3_interval_mbps(l), None);
+    assert_eq!(iperf3_interval_mbps("Connecting to host 198.18.1.1"), None);
+    assert_eq!(iperf3_interval_mbps("[  5]   1.00-2.00   sec  x y z"), None);
+}
