@@ -336,3 +336,133 @@ fn restarts_under_iperf3_keep_the_tcp_session() {
     assert_eq!(causes, ["poll-failed", "async-fatal"]);
     p.stop();
 }
+
+/// `uipoib fault run` inside namespace `ns` against the daemon at `ctl`, with the iperf3
+/// server at `peer`: (exit code, stdout, stderr, the JSON report if written).
+fn fault_run(
+    ns: &str,
+    file: &std::path::Path,
+    ctl: &std::path::Path,
+    peer: Ipv4Addr,
+    port: &str,
+    json: &std::path::Path,
+) -> (i32, String, String, serde_json::Value) {
+    let _ = std::fs::remove_file(json);
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            env!("CARGO_BIN_EXE_uipoib"),
+            "fault",
+            "run",
+        ])
+        .arg(file)
+        .arg("--control")
+        .arg(ctl)
+        .args([
+            "--var",
+            &format!("peer={peer}"),
+            "--var",
+            &format!("port={port}"),
+        ])
+        .arg("--json")
+        .arg(json)
+        .output()
+        .unwrap();
+    let report = std::fs::read_to_string(json)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(serde_json::Value::Null);
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        report,
+    )
+}
+
+#[test]
+fn shipped_scenarios_run_against_a_live_daemon_and_fail_when_they_should() {
+    if let Some(why) = missing_prerequisite() {
+        eprintln!("SKIPPED netns_sim scenarios: {why}");
+        return;
+    }
+    let p = Pair::start(3);
+    let port = "5214";
+    let mut srv = Command::new("ip")
+        .args(["netns", "exec", &p.na.0, "iperf3", "-s", "-p", port, "-B"])
+        .arg(A.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/faults");
+    let json = p.dir.join("report.json");
+
+    // Shipped scenarios, each under an iperf3 TCP session: every expectation holds.
+    for name in ["poll-error", "qp-error", "corrupt-rx"] {
+        let (code, stdout, stderr, r) = fault_run(
+            &p.nb.0,
+            &dir.join(format!("{name}.toml")),
+            &p.ctl_b,
+            A,
+            port,
+            &json,
+        );
+        assert_eq!(code, 0, "{name}: {stdout}\n{stderr}");
+        assert_eq!(r["passed"], true, "{name}: {r}");
+        assert_eq!(r["scenario"], name);
+        let f = &r["faults"][0];
+        assert_eq!(f["passed"], true, "{f}");
+        assert!(f["expectations"].as_array().unwrap().len() >= 5, "{f}");
+        assert_eq!(f["ledger_balanced"], true, "{f}");
+        if name == "corrupt-rx" {
+            assert_eq!(f["restarts"], 0, "{f}");
+            assert!(f["fired"].as_u64().unwrap() > 0, "{f}");
+        } else {
+            assert_eq!(f["restarts"], 1, "{f}");
+            assert!(f["detect_ms"].as_f64().is_some(), "{f}");
+            assert!(f["resume_ms"].as_f64().is_some(), "{f}");
+        }
+        assert!(stdout.contains("PASSED"), "{stdout}");
+        eprintln!("netns_sim scenario {name}:\n{stdout}");
+    }
+
+    // An expectation that cannot hold fails the run (exit 1) and says which.
+    let wrong = p.dir.join("wrong.toml");
+    let text = std::fs::read_to_string(dir.join("poll-error.toml"))
+        .unwrap()
+        .replace("restarts = 1", "restarts = 0");
+    std::fs::write(&wrong, text).unwrap();
+    let (code, stdout, _, r) = fault_run(&p.nb.0, &wrong, &p.ctl_b, A, port, &json);
+    assert_eq!(code, 1, "{stdout}");
+    assert_eq!(r["passed"], false, "{r}");
+    let failures: Vec<&str> = r["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f.as_str())
+        .collect();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert!(failures[0].contains("restarts = 0"), "{failures:?}");
+
+    // An invalid file is refused before anything runs (exit 2), naming line and field.
+    std::fs::write(
+        &wrong,
+        "name = \"bad\"\n[[step]]\ndo = \"inject\"\nfault = \"poll-error\"\nafter = -3\n",
+    )
+    .unwrap();
+    let restarts_before = p.cli(&["status", "--json"], &p.ctl_b)["restarts"].clone();
+    let (code, _, stderr, _) = fault_run(&p.nb.0, &wrong, &p.ctl_b, A, port, &json);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("wrong.toml:5: step[1].after:"), "{stderr}");
+    assert_eq!(
+        p.cli(&["status", "--json"], &p.ctl_b)["restarts"],
+        restarts_before
+    );
+    let _ = srv.kill();
+    let _ = srv.wait();
+    p.stop();
+}
