@@ -53,6 +53,10 @@ pub const DEFAULT_QKEY: u32 = 0x0B1B;
 /// administratively scoped range; the group never leaves the RDMA link.
 pub const DEFAULT_GROUP: Ipv4Addr = Ipv4Addr::new(239, 18, 0, 1);
 
+/// TAP offloads on: one read takes up to 64 KiB of a TCP stream (cut into segments here)
+/// instead of one MTU. See docs/PERFORMANCE.md for what it changes.
+pub const DEFAULT_TAP_OFFLOAD: bool = true;
+
 /// Send-stall watchdog. The kernel's IPoIB uses a 1 s netdev watchdog; emulated lab
 /// guests stall for longer than that under load without anything being wrong, so 3 s.
 pub const DEFAULT_TX_TIMEOUT: Duration = Duration::from_secs(3);
@@ -201,6 +205,8 @@ pub struct FileConfig {
     pub backoff_initial_ms: Option<u64>,
     /// Longest backoff, in milliseconds.
     pub backoff_max_ms: Option<u64>,
+    /// TAP checksum and TCP segmentation offload (`IFF_VNET_HDR`).
+    pub tap_offload: Option<bool>,
 }
 
 impl FileConfig {
@@ -257,6 +263,7 @@ impl FileConfig {
             restart_window_secs: self.restart_window_secs.or(other.restart_window_secs),
             backoff_initial_ms: self.backoff_initial_ms.or(other.backoff_initial_ms),
             backoff_max_ms: self.backoff_max_ms.or(other.backoff_max_ms),
+            tap_offload: self.tap_offload.or(other.tap_offload),
         }
     }
 }
@@ -298,6 +305,8 @@ pub struct Config {
     pub neigh_max_age: Duration,
     /// Send-stall watchdog.
     pub tx_timeout: Duration,
+    /// TAP checksum and TCP segmentation offload.
+    pub tap_offload: bool,
     /// Restart policy.
     pub restart: RestartPolicy,
 }
@@ -537,6 +546,7 @@ impl Config {
             neigh_capacity,
             neigh_max_age: Duration::from_secs(age),
             tx_timeout,
+            tap_offload: f.tap_offload.unwrap_or(DEFAULT_TAP_OFFLOAD),
             restart: RestartPolicy {
                 max_restarts,
                 window: Duration::from_secs(window_s),

@@ -611,6 +611,16 @@ impl Interface {
                     break;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                    // A frame the TAP layer could not turn into frames (a bad offload
+                    // request): dropped and counted, the next one is read.
+                    taken += 1;
+                    self.stats.count_drop(DropReason::TxBadOffload);
+                    if self.log.allow(now) {
+                        tracing::warn!(error = %e, "a frame from the TAP was dropped");
+                    }
+                    continue;
+                }
                 Err(e) => {
                     // The TAP itself failing is not a verbs failure: count and stop this
                     // turn; the loop will try again on the next readiness.

@@ -75,6 +75,9 @@ struct TuneArgs {
     /// Broadcast group: an IPv4 multicast address or a multicast GID.
     #[arg(long)]
     group: Option<String>,
+    /// TAP checksum and TCP segmentation offload: true or false (default true).
+    #[arg(long, value_name = "BOOL")]
+    tap_offload: Option<bool>,
 }
 
 #[derive(Args)]
@@ -400,6 +403,7 @@ impl TuneArgs {
             tx_batch: self.tx_batch,
             qkey: self.qkey,
             group: self.group.clone(),
+            tap_offload: self.tap_offload,
             ..Default::default()
         }
         .or(f)

@@ -57,11 +57,14 @@ pub enum DropReason {
     TxBadIpv4,
     /// Send reaped at teardown: its completion never came.
     TxReaped,
+    /// A frame from the TAP with an offload request that cannot be carried out (a
+    /// super-frame that is not TCP/IPv4, a checksum position outside the frame).
+    TxBadOffload,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 22] = [
+    pub const ALL: [DropReason; 23] = [
         DropReason::RxShort,
         DropReason::RxNoGrh,
         DropReason::RxBadGrh,
@@ -84,6 +87,7 @@ impl DropReason {
         DropReason::TxFlushed,
         DropReason::TxBadIpv4,
         DropReason::TxReaped,
+        DropReason::TxBadOffload,
     ];
 
     /// Stable name used in stats output.
@@ -111,6 +115,7 @@ impl DropReason {
             DropReason::TxFlushed => "tx_flushed",
             DropReason::TxBadIpv4 => "tx_bad_ipv4",
             DropReason::TxReaped => "reaped",
+            DropReason::TxBadOffload => "tx_bad_offload",
         }
     }
 }

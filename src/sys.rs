@@ -4,7 +4,7 @@
 #![allow(unsafe_code)]
 
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
 
 /// `TUNSETCARRIER` on a TUN/TAP descriptor (Linux 5.0 and later): the link carrier on or
 /// off.
@@ -35,4 +35,88 @@ pub fn kill_group(pgid: u32, signal: libc::c_int) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// `IFF_VNET_HDR`: every frame carries a `virtio_net_hdr`.
+const IFF_VNET_HDR: libc::c_short = 0x4000;
+/// `TUNSETOFFLOAD` flags: checksum offload and TCP segmentation offload over IPv4.
+const TUN_F_CSUM: libc::c_ulong = 0x01;
+const TUN_F_TSO4: libc::c_ulong = 0x02;
+
+/// Open a TAP device named `name` (created if it does not exist), non-blocking and
+/// close-on-exec, without packet information. With `offload`, frames carry a 10-byte
+/// `virtio_net_hdr` and the kernel may hand over TCP/IPv4 super-frames of up to 64 KiB
+/// with partial checksums (`TUNSETOFFLOAD` with checksum and TSO4). Returns the
+/// descriptor and the device's name.
+pub fn tap_open(name: &str, offload: bool) -> io::Result<(std::os::fd::OwnedFd, String)> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains('\0') {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("TAP name {name:?} must be 1..{} bytes", libc::IFNAMSIZ - 1),
+        ));
+    }
+    let path = c"/dev/net/tun";
+    // SAFETY: `path` is a NUL-terminated string that outlives the call; open(2) returns a
+    // new descriptor or -1.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by open(2) and is owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ifreq is plain old data (a name array and a union of integers and
+    // pointers); all zeroes is a valid value of it.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in ifr.ifr_name.iter_mut().zip(name.bytes()) {
+        *d = s as libc::c_char;
+    }
+    let mut flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
+    if offload {
+        flags |= IFF_VNET_HDR;
+    }
+    ifr.ifr_ifru.ifru_flags = flags;
+    // SAFETY: TUNSETIFF reads and writes one `ifreq` through the pointer, which points to
+    // a live local; the name is NUL-terminated (shorter than IFNAMSIZ, zeroed beyond).
+    if unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::TUNSETIFF,
+            &mut ifr as *mut libc::ifreq,
+        )
+    } < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    if offload {
+        let len: libc::c_int = crate::wire::gso::VNET_HDR_LEN as libc::c_int;
+        // SAFETY: TUNSETVNETHDRSZ reads one `c_int` through the pointer, a live local.
+        if unsafe {
+            libc::ioctl(
+                fd.as_raw_fd(),
+                libc::TUNSETVNETHDRSZ,
+                &len as *const libc::c_int,
+            )
+        } < 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: TUNSETOFFLOAD takes its flags by value; no memory is passed.
+        if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETOFFLOAD, TUN_F_CSUM | TUN_F_TSO4) } < 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    let bytes: Vec<u8> = ifr
+        .ifr_name
+        .iter()
+        .take_while(|c| **c != 0)
+        .map(|c| *c as u8)
+        .collect();
+    Ok((fd, String::from_utf8_lossy(&bytes).into_owned()))
 }

@@ -1,21 +1,28 @@
 //! The TAP device: the ordinary IP interface users see.
 //!
-//! Created with `IFF_TAP | IFF_NO_PI` through the tun-tap crate (no multi-queue or vnet
-//! headers are needed yet), made non-blocking, and configured with iproute2: the MAC that
-//! stands for this interface's IPoIB address, the IPoIB MTU, the address, link up. IPv6
-//! is switched off on it, because this datapath does not carry IPv6 yet and the kernel
-//! would otherwise keep sending router and listener solicitations that can only be
-//! dropped.
+//! Opened with `IFF_TAP | IFF_NO_PI` (src/sys.rs), non-blocking, and configured with
+//! iproute2: the MAC that stands for this interface's IPoIB address, the IPoIB MTU, the
+//! address, link up. IPv6 is switched off on it, because this datapath does not carry
+//! IPv6 yet and the kernel would otherwise keep sending router and listener solicitations
+//! that can only be dropped.
+//!
+//! With offloads (`tap-offload`, on by default) the TAP also has `IFF_VNET_HDR` with
+//! checksum and TCP segmentation offload: the kernel's TCP hands over super-frames of up
+//! to 64 KiB in one read, which are cut here into MTU-sized segments (src/wire/gso.rs),
+//! and partial checksums are completed. The datapath sees ordinary frames either way.
 //!
 //! The TAP outlives the verbs objects: it stays up across a restart of the interface.
 
-use std::io;
+use std::fs::File;
+use std::io::{self, IoSlice, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::process::Command;
+use std::sync::Mutex;
 
 use crate::config::Ipv4Cidr;
 use crate::datapath::FrameIo;
 use crate::wire::eth::Mac;
+use crate::wire::gso::{self, Plan, VNET_HDR_LEN, VnetHdr};
 
 /// A TAP failure, naming the step.
 #[derive(Debug, thiserror::Error)]
@@ -45,8 +52,22 @@ pub enum TapError {
 
 /// A TAP device in non-blocking mode.
 pub struct Tap {
-    iface: tun_tap::Iface,
-    netns: std::sync::Mutex<Option<String>>,
+    file: File,
+    name: String,
+    offload: Option<Mutex<Offload>>,
+    netns: Mutex<Option<String>>,
+}
+
+/// A super-frame read from the TAP and the segments still to hand out.
+struct Offload {
+    buf: Vec<u8>,
+    len: usize,
+    plan: Option<Plan>,
+    next: usize,
+}
+
+fn bad_offload(e: crate::wire::WireError) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
 }
 
 /// What the poller and the supervisor need of a TAP: frames, a descriptor to wait on,
@@ -64,22 +85,45 @@ pub trait TapDevice: FrameIo {
 
 impl Tap {
     /// Create (or attach to) the TAP named `name`.
-    pub fn create(name: &str) -> Result<Tap, TapError> {
-        let err = |source| TapError::Create {
-            name: name.to_string(),
-            source,
-        };
-        let iface = tun_tap::Iface::without_packet_info(name, tun_tap::Mode::Tap).map_err(err)?;
-        iface.set_non_blocking().map_err(err)?;
+    pub fn create(name: &str, offload: bool) -> Result<Tap, TapError> {
+        let (fd, real) =
+            crate::sys::tap_open(name, offload).map_err(|source| TapError::Create {
+                name: name.to_string(),
+                source,
+            })?;
         Ok(Tap {
-            iface,
-            netns: std::sync::Mutex::new(None),
+            file: File::from(fd),
+            name: real,
+            offload: offload.then(|| {
+                Mutex::new(Offload {
+                    buf: vec![0; VNET_HDR_LEN + gso::MAX_SUPER_FRAME],
+                    len: 0,
+                    plan: None,
+                    next: 0,
+                })
+            }),
+            netns: Mutex::new(None),
         })
     }
 
-    /// The kernel's name for it.
+    /// Whether frames come and go with a `virtio_net_hdr` (segmentation offload on).
+    pub fn offload(&self) -> bool {
+        self.offload.is_some()
+    }
+
+    /// Read what the TAP has, as it is (with offloads, its `virtio_net_hdr` first).
+    pub fn read_raw(&self, buf: &mut [u8]) -> io::Result<usize> {
+        (&self.file).read(buf)
+    }
+
+    /// Write `bytes` to the TAP as they are (with offloads, a `virtio_net_hdr` first).
+    pub fn write_raw(&self, bytes: &[u8]) -> io::Result<usize> {
+        (&self.file).write(bytes)
+    }
+
+    /// The device's name.
     pub fn name(&self) -> &str {
-        self.iface.name()
+        &self.name
     }
 
     /// Move it into network namespace `netns` (if given), then set MAC, MTU and address,
@@ -156,21 +200,78 @@ impl Tap {
 
 impl FrameIo for Tap {
     fn read_frame(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.iface.recv(buf)
+        let Some(off) = &self.offload else {
+            return (&self.file).read(buf);
+        };
+        let mut o = off.lock().unwrap_or_else(|e| e.into_inner());
+        let o = &mut *o;
+        if let Some(p) = o.plan {
+            let i = o.next;
+            o.next += 1;
+            if o.next >= p.segments {
+                o.plan = None;
+            }
+            return gso::segment(&o.buf[VNET_HDR_LEN..o.len], &p, i, buf).map_err(bad_offload);
+        }
+        let n = (&self.file).read(&mut o.buf)?;
+        let hdr = VnetHdr::parse(&o.buf[..n]).map_err(bad_offload)?;
+        let frame = &mut o.buf[VNET_HDR_LEN..n];
+        match hdr.gso_type & !gso::GSO_ECN {
+            gso::GSO_NONE => {
+                if hdr.flags & gso::F_NEEDS_CSUM != 0 {
+                    gso::finish_checksum(
+                        frame,
+                        usize::from(hdr.csum_start),
+                        usize::from(hdr.csum_offset),
+                    )
+                    .map_err(bad_offload)?;
+                }
+                let out = buf.get_mut(..frame.len()).ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("a {}-byte frame from the TAP exceeds the MTU", frame.len()),
+                    )
+                })?;
+                out.copy_from_slice(frame);
+                Ok(frame.len())
+            }
+            gso::GSO_TCPV4 => {
+                let p = gso::plan(frame, &hdr).map_err(bad_offload)?;
+                o.len = n;
+                if p.segments > 1 {
+                    o.plan = Some(p);
+                    o.next = 1;
+                }
+                gso::segment(&o.buf[VNET_HDR_LEN..n], &p, 0, buf).map_err(|e| {
+                    o.plan = None;
+                    bad_offload(e)
+                })
+            }
+            _ => Err(bad_offload(crate::wire::WireError::BadOffload(
+                "a segmentation type other than TCP/IPv4",
+            ))),
+        }
     }
 
     fn write_frame(&self, frame: &[u8]) -> io::Result<usize> {
-        self.iface.send(frame)
+        if self.offload.is_none() {
+            return (&self.file).write(frame);
+        }
+        // No offload asked of the kernel for what it receives: flags 0, no GSO; it checks
+        // every checksum itself.
+        let hdr = [0u8; VNET_HDR_LEN];
+        let n = (&self.file).write_vectored(&[IoSlice::new(&hdr), IoSlice::new(frame)])?;
+        Ok(n.saturating_sub(VNET_HDR_LEN))
     }
 }
 
 impl TapDevice for Tap {
     fn raw_fd(&self) -> RawFd {
-        self.iface.as_raw_fd()
+        self.file.as_raw_fd()
     }
 
     fn set_carrier(&self, on: bool) -> io::Result<()> {
-        crate::sys::tun_set_carrier(self.iface.as_raw_fd(), on)
+        crate::sys::tun_set_carrier(self.file.as_raw_fd(), on)
     }
 
     fn reconfigure(&self, mac: Mac, mtu: usize) -> Result<(), TapError> {

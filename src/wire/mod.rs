@@ -14,6 +14,7 @@
 pub mod arp;
 pub mod eth;
 pub mod grh;
+pub mod gso;
 pub mod ipoib;
 pub mod ipv4;
 
@@ -70,6 +71,9 @@ pub enum WireError {
     /// The 40 bytes in front of a UD receive do not hold the GRH layout the port uses.
     #[error("bad GRH: {0}")]
     BadGrh(&'static str),
+    /// A TAP offload (virtio_net_hdr) request that cannot be carried out.
+    #[error("bad offload request: {0}")]
+    BadOffload(&'static str),
 }
 
 /// The first `N` bytes of `b` as an array, or [`WireError::Truncated`] naming `what`.
