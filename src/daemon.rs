@@ -152,7 +152,7 @@ fn start(spec: &Spec, provider: Arc<dyn Provider>) -> Result<Running, DaemonErro
             source,
         },
     )?;
-    let tap = Arc::new(Tap::create(&c.tap, c.tap_offload)?);
+    let tap = Arc::new(Tap::create(&c.tap, c.tap_offload)?.with_stats(stats.clone()));
     tap.configure(iface.mac(), iface.mtu(), c.addr, spec.netns.as_deref())?;
     let status = Arc::new(Mutex::new(Status {
         state: "starting".into(),

@@ -31,8 +31,14 @@ pub const FLUSH_DEADLINE: Duration = Duration::from_millis(200);
 pub trait FrameIo: Send + Sync {
     /// Read one Ethernet frame; `WouldBlock` when none is waiting.
     fn read_frame(&self, buf: &mut [u8]) -> io::Result<usize>;
-    /// Write one Ethernet frame.
+    /// Write one Ethernet frame (a TAP with offloads may hold it back to join it with the
+    /// next ones, until [`FrameIo::flush`]).
     fn write_frame(&self, frame: &[u8]) -> io::Result<usize>;
+    /// Write out the frames held back; returns how many frames, since the last call, were
+    /// accepted by `write_frame` but then could not be written.
+    fn flush(&self) -> usize {
+        0
+    }
 }
 
 /// What an interface needs to know besides its endpoint.
@@ -415,14 +421,32 @@ impl Interface {
     /// re-post the receive ring. A failed poll is returned at once, never retried.
     pub fn poll_rx(&mut self, tap: &dyn FrameIo, now: Instant) -> Result<usize, Failure> {
         let mut done = 0;
+        let mut polled = Ok(());
         while done < self.budget {
             let want = self.poll_batch.min(self.budget - done);
-            let n = self.poll_recv_batch(want, tap, now)?;
+            let n = match self.poll_recv_batch(want, tap, now) {
+                Ok(n) => n,
+                Err(e) => {
+                    polled = Err(e);
+                    break;
+                }
+            };
             done += n;
             if n < want {
                 break;
             }
         }
+        // What the TAP held back to join goes out now, even when the poll failed.
+        let lost = tap.flush();
+        if lost > 0 {
+            for _ in 0..lost {
+                self.stats.count_drop(DropReason::RxTapWrite);
+            }
+            if self.log.allow(now) {
+                tracing::warn!(frames = lost, "writing received frames to the TAP failed");
+            }
+        }
+        polled?;
         self.check_flushes()?;
         if done > 0 {
             self.fill_recv().map_err(Failure::Verbs)?;

@@ -203,6 +203,14 @@ counters! {
     spurious_events,
     /// Times the TAP reader stopped because the send ring was full.
     tx_backpressure,
+    /// TCP super-frames read from the TAP (segmentation offload).
+    tso_frames,
+    /// Segments cut from them.
+    tso_segments,
+    /// Super-frames written to the TAP (received segments joined).
+    gro_frames,
+    /// Received segments joined into them.
+    gro_segments,
     /// Receive WRs posted.
     recv_posted,
     /// Receive WRs completed (any status but flushed).

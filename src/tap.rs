@@ -17,12 +17,13 @@ use std::fs::File;
 use std::io::{self, IoSlice, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::process::Command;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::config::Ipv4Cidr;
 use crate::datapath::FrameIo;
+use crate::stats::{self, Stats};
 use crate::wire::eth::Mac;
-use crate::wire::gso::{self, Plan, VNET_HDR_LEN, VnetHdr};
+use crate::wire::gso::{self, Coalescer, FrameSink, Plan, VNET_HDR_LEN, VnetHdr};
 
 /// A TAP failure, naming the step.
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +56,36 @@ pub struct Tap {
     file: File,
     name: String,
     offload: Option<Mutex<Offload>>,
+    /// With offloads: received frames joined before they are written.
+    gro: Option<Mutex<Gro>>,
     netns: Mutex<Option<String>>,
+    stats: Option<Arc<Stats>>,
+}
+
+/// The receive side's coalescer and the frames it failed to write since the last flush.
+struct Gro {
+    coalescer: Coalescer,
+    lost: usize,
+    /// What `coalescer.coalesced` was when last counted in the stats.
+    reported: (u64, u64),
+}
+
+/// Writes a frame behind its `virtio_net_hdr` with one `writev`.
+struct Sink<'a>(&'a File);
+
+impl FrameSink for Sink<'_> {
+    fn write(&mut self, hdr: &[u8; VNET_HDR_LEN], frame: &[u8]) -> io::Result<()> {
+        let n = self
+            .0
+            .write_vectored(&[IoSlice::new(hdr), IoSlice::new(frame)])?;
+        if n != VNET_HDR_LEN + frame.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                format!("the TAP took {n} of {} bytes", VNET_HDR_LEN + frame.len()),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// A super-frame read from the TAP and the segments still to hand out.
@@ -102,7 +132,31 @@ impl Tap {
                     next: 0,
                 })
             }),
+            gro: offload.then(|| {
+                Mutex::new(Gro {
+                    coalescer: Coalescer::new(),
+                    lost: 0,
+                    reported: (0, 0),
+                })
+            }),
             netns: Mutex::new(None),
+            stats: None,
+        })
+    }
+
+    /// Count offload work (super-frames cut and joined) in `stats`.
+    pub fn with_stats(mut self, stats: Arc<Stats>) -> Tap {
+        self.stats = Some(stats);
+        self
+    }
+
+    /// With offloads: (super-frames written, received frames joined into them).
+    pub fn coalesced(&self) -> (u64, u64) {
+        self.gro.as_ref().map_or((0, 0), |g| {
+            g.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .coalescer
+                .coalesced
         })
     }
 
@@ -237,6 +291,10 @@ impl FrameIo for Tap {
             }
             gso::GSO_TCPV4 => {
                 let p = gso::plan(frame, &hdr).map_err(bad_offload)?;
+                if let Some(s) = &self.stats {
+                    stats::add(&s.tso_frames, 1);
+                    stats::add(&s.tso_segments, p.segments as u64);
+                }
                 o.len = n;
                 if p.segments > 1 {
                     o.plan = Some(p);
@@ -254,14 +312,34 @@ impl FrameIo for Tap {
     }
 
     fn write_frame(&self, frame: &[u8]) -> io::Result<usize> {
-        if self.offload.is_none() {
+        let Some(gro) = &self.gro else {
             return (&self.file).write(frame);
+        };
+        let mut g = gro.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(lost) = g.coalescer.push(frame, &mut Sink(&self.file)) {
+            // Reported (and counted as drops) at the next flush.
+            g.lost += lost.frames;
         }
-        // No offload asked of the kernel for what it receives: flags 0, no GSO; it checks
-        // every checksum itself.
-        let hdr = [0u8; VNET_HDR_LEN];
-        let n = (&self.file).write_vectored(&[IoSlice::new(&hdr), IoSlice::new(frame)])?;
-        Ok(n.saturating_sub(VNET_HDR_LEN))
+        Ok(frame.len())
+    }
+
+    fn flush(&self) -> usize {
+        let Some(gro) = &self.gro else {
+            return 0;
+        };
+        let mut g = gro.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(lost) = g.coalescer.flush(&mut Sink(&self.file)) {
+            g.lost += lost.frames;
+        }
+        let (now, before) = (g.coalescer.coalesced, g.reported);
+        if let Some(s) = &self.stats
+            && now != before
+        {
+            stats::add(&s.gro_frames, now.0 - before.0);
+            stats::add(&s.gro_segments, now.1 - before.1);
+        }
+        g.reported = now;
+        std::mem::take(&mut g.lost)
     }
 }
 

@@ -251,6 +251,224 @@ pub fn segment(frame: &[u8], p: &Plan, i: usize, out: &mut [u8]) -> Result<usize
     Ok(len)
 }
 
+/// The writer a [`Coalescer`] hands its frames to: a `virtio_net_hdr` and a frame.
+pub trait FrameSink {
+    /// Write one frame behind its header.
+    fn write(&mut self, hdr: &[u8; VNET_HDR_LEN], frame: &[u8]) -> std::io::Result<()>;
+}
+
+/// Frames a [`Coalescer`] could not write, and why.
+#[derive(Debug)]
+pub struct Lost {
+    /// How many received frames were in what failed to be written.
+    pub frames: usize,
+    /// The write's error.
+    pub error: std::io::Error,
+}
+
+const TCP_SYN: u8 = 0x02;
+const TCP_RST: u8 = 0x04;
+const TCP_ACK: u8 = 0x10;
+const TCP_URG: u8 = 0x20;
+const TCP_ECE: u8 = 0x40;
+/// IPv4 header bytes that must match for two segments to join (all but total length,
+/// id and checksum), as ranges.
+const IP_SAME: [std::ops::Range<usize>; 3] = [0..2, 6..10, 12..20];
+
+/// Receive-side coalescing (what the kernel's GRO does): consecutive, full-sized TCP
+/// segments of one IPv4 flow with identical headers (options included) and valid
+/// checksums are joined into one super-frame of up to 64 KiB, written to the TAP with a
+/// `virtio_net_hdr` that describes its segments and a partial checksum, so the kernel's
+/// TCP takes them in one go. Anything else, or a segment that does not follow, is
+/// written on its own (after what is pending, so order is kept) with an empty header:
+/// the kernel checks its checksums itself. The caller calls [`Coalescer::flush`] at
+/// the end of each batch of receives.
+pub struct Coalescer {
+    buf: Vec<u8>,
+    /// Bytes of the pending frame (0: nothing pending).
+    len: usize,
+    /// Received segments in it.
+    segs: usize,
+    /// TCP header length of the pending frame.
+    tcp_hl: usize,
+    /// Payload of its first segment (the segment size).
+    mss: usize,
+    /// The sequence number the next segment must have.
+    next_seq: u32,
+    /// A short or PSH segment ended it: nothing more joins.
+    closed: bool,
+    /// Super-frames written, and the segments in them.
+    pub coalesced: (u64, u64),
+}
+
+impl Default for Coalescer {
+    fn default() -> Self {
+        Coalescer::new()
+    }
+}
+
+/// A TCP/IPv4 segment that may join: its TCP header length, payload, sequence number.
+fn candidate(f: &[u8]) -> Option<(usize, usize, u32)> {
+    if f.len() < ETH + 40 || u16::from_be_bytes([f[12], f[13]]) != ETHERTYPE_IPV4 {
+        return None;
+    }
+    let ip = &f[ETH..];
+    // No IPv4 options, exactly the frame's length, DF, not a fragment, TCP.
+    if ip[0] != 0x45
+        || usize::from(u16::from_be_bytes([ip[2], ip[3]])) != ip.len()
+        || ip[6] & 0x7f != 0x40
+        || ip[7] != 0
+        || ip[9] != TCP
+    {
+        return None;
+    }
+    let t = &ip[20..];
+    let tcp_hl = usize::from(t[12] >> 4) * 4;
+    if tcp_hl < 20 || t.len() <= tcp_hl {
+        return None;
+    }
+    let fl = t[13];
+    if fl & (TCP_SYN | TCP_FIN | TCP_RST | TCP_URG | TCP_ECE | TCP_CWR) != 0 || fl & TCP_ACK == 0 {
+        return None;
+    }
+    if ipv4::checksum(&ip[..20]) != 0 {
+        return None;
+    }
+    let s = sum(&ip[12..20], u64::from(TCP) + t.len() as u64);
+    if fold(sum(t, s)) != 0xffff {
+        return None;
+    }
+    Some((
+        tcp_hl,
+        t.len() - tcp_hl,
+        u32::from_be_bytes([t[4], t[5], t[6], t[7]]),
+    ))
+}
+
+impl Coalescer {
+    /// An empty coalescer (its buffer is allocated here, once).
+    pub fn new() -> Coalescer {
+        Coalescer {
+            buf: vec![0; MAX_SUPER_FRAME],
+            len: 0,
+            segs: 0,
+            tcp_hl: 0,
+            mss: 0,
+            next_seq: 0,
+            closed: false,
+            coalesced: (0, 0),
+        }
+    }
+
+    /// Segments pending.
+    pub fn pending(&self) -> usize {
+        self.segs
+    }
+
+    /// Whether segment `f` (a candidate) continues the pending frame.
+    fn follows(&self, f: &[u8], tcp_hl: usize, payload: usize, seq: u32) -> bool {
+        if self.segs == 0 || self.closed || tcp_hl != self.tcp_hl || seq != self.next_seq {
+            return false;
+        }
+        if payload > self.mss || self.len + payload > MAX_SUPER_FRAME {
+            return false;
+        }
+        let (p, t0) = (&self.buf[..self.len], ETH + 20);
+        f[..ETH] == p[..ETH]
+            && IP_SAME.iter().all(|r| f[ETH + r.start..ETH + r.end] == p[ETH + r.start..ETH + r.end])
+            // Ports; then acknowledgement, data offset, flags but PSH, window; then the
+            // urgent pointer and every option.
+            && f[t0..t0 + 4] == p[t0..t0 + 4]
+            && f[t0 + 8..t0 + 13] == p[t0 + 8..t0 + 13]
+            && f[t0 + 13] & !TCP_PSH == p[t0 + 13] & !TCP_PSH
+            && f[t0 + 14..t0 + 16] == p[t0 + 14..t0 + 16]
+            && f[t0 + 18..t0 + tcp_hl] == p[t0 + 18..t0 + tcp_hl]
+    }
+
+    /// Take one received frame.
+    pub fn push(&mut self, f: &[u8], sink: &mut dyn FrameSink) -> Result<(), Lost> {
+        let Some((tcp_hl, payload, seq)) = candidate(f) else {
+            self.flush(sink)?;
+            return write_one(f, sink);
+        };
+        if !self.follows(f, tcp_hl, payload, seq) {
+            self.flush(sink)?;
+            if f.len() > self.buf.len() {
+                return write_one(f, sink);
+            }
+            self.buf[..f.len()].copy_from_slice(f);
+            self.len = f.len();
+            self.segs = 1;
+            self.tcp_hl = tcp_hl;
+            self.mss = payload;
+            self.next_seq = seq.wrapping_add(payload as u32);
+            self.closed = f[ETH + 20 + 13] & TCP_PSH != 0;
+            return Ok(());
+        }
+        let h = ETH + 20 + tcp_hl;
+        self.buf[self.len..self.len + payload].copy_from_slice(&f[h..]);
+        self.len += payload;
+        self.segs += 1;
+        self.next_seq = self.next_seq.wrapping_add(payload as u32);
+        if f[ETH + 20 + 13] & TCP_PSH != 0 {
+            self.buf[ETH + 20 + 13] |= TCP_PSH;
+            self.closed = true;
+        }
+        if payload < self.mss {
+            self.closed = true;
+        }
+        Ok(())
+    }
+
+    /// Write what is pending.
+    pub fn flush(&mut self, sink: &mut dyn FrameSink) -> Result<(), Lost> {
+        let segs = std::mem::take(&mut self.segs);
+        if segs == 0 {
+            return Ok(());
+        }
+        let len = std::mem::take(&mut self.len);
+        self.closed = false;
+        if segs == 1 {
+            return write_one(&self.buf[..len], sink);
+        }
+        // IPv4: the joined length and a new header checksum.
+        let f = &mut self.buf[..len];
+        let ip_len = (len - ETH) as u16;
+        f[ETH + 2..ETH + 4].copy_from_slice(&ip_len.to_be_bytes());
+        f[ETH + 10..ETH + 12].copy_from_slice(&[0, 0]);
+        let c = ipv4::checksum(&f[ETH..ETH + 20]);
+        f[ETH + 10..ETH + 12].copy_from_slice(&c.to_be_bytes());
+        // TCP: a partial checksum (the pseudo-header sum), as the kernel's GRO leaves it;
+        // every segment's own checksum was verified before it joined.
+        let t0 = ETH + 20;
+        let tcp_len = (len - t0) as u64;
+        let ps = fold(sum(&f[ETH + 12..ETH + 20], u64::from(TCP) + tcp_len));
+        f[t0 + 16..t0 + 18].copy_from_slice(&ps.to_be_bytes());
+        let hdr = VnetHdr {
+            flags: F_NEEDS_CSUM,
+            gso_type: GSO_TCPV4,
+            hdr_len: (t0 + self.tcp_hl) as u16,
+            gso_size: self.mss as u16,
+            csum_start: t0 as u16,
+            csum_offset: 16,
+        };
+        let mut h = [0u8; VNET_HDR_LEN];
+        hdr.emit(&mut h);
+        sink.write(&h, f).map_err(|error| Lost {
+            frames: segs,
+            error,
+        })?;
+        self.coalesced.0 += 1;
+        self.coalesced.1 += segs as u64;
+        Ok(())
+    }
+}
+
+fn write_one(f: &[u8], sink: &mut dyn FrameSink) -> Result<(), Lost> {
+    sink.write(&[0; VNET_HDR_LEN], f)
+        .map_err(|error| Lost { frames: 1, error })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -418,6 +636,165 @@ mod tests {
         assert!(finish_checksum(&mut f, usize::MAX, 16).is_err());
     }
 
+    /// What a coalescer wrote: (header, frame) per write; fails writes when `fail`.
+    #[derive(Default)]
+    struct Rec {
+        out: Vec<(VnetHdr, Vec<u8>)>,
+        fail: bool,
+    }
+
+    impl FrameSink for Rec {
+        fn write(&mut self, hdr: &[u8; VNET_HDR_LEN], frame: &[u8]) -> std::io::Result<()> {
+            if self.fail {
+                return Err(std::io::Error::other("queue full"));
+            }
+            self.out
+                .push((VnetHdr::parse(hdr).unwrap(), frame.to_vec()));
+            Ok(())
+        }
+    }
+
+    /// The segments of a stream of `payload` cut at `mss` (valid checksums, DF).
+    fn segments(payload: &[u8], mss: u16, flags: u8) -> Vec<Vec<u8>> {
+        let f = tcp_frame(payload, flags, 12);
+        let p = plan(&f, &tso(mss)).unwrap();
+        let mut out = vec![0u8; 70_000];
+        (0..p.segments)
+            .map(|i| {
+                let n = segment(&f, &p, i, &mut out).unwrap();
+                out[..n].to_vec()
+            })
+            .collect()
+    }
+
+    /// Complete a coalesced frame's partial checksum and check it.
+    fn complete_ok(hdr: &VnetHdr, f: &[u8]) -> bool {
+        let mut f = f.to_vec();
+        finish_checksum(&mut f, hdr.csum_start.into(), hdr.csum_offset.into()).unwrap();
+        tcp_ok(&f) && ipv4::checksum(&f[14..34]) == 0
+    }
+
+    #[test]
+    fn consecutive_segments_are_joined_into_one_super_frame() {
+        let payload: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        let segs = segments(&payload, 4000, 0x18); // ACK|PSH: PSH lands on the last
+        let mut c = Coalescer::new();
+        let mut rec = Rec::default();
+        for s in &segs {
+            c.push(s, &mut rec).unwrap();
+        }
+        assert!(rec.out.is_empty(), "held until the flush");
+        assert_eq!(c.pending(), 3);
+        c.flush(&mut rec).unwrap();
+        assert_eq!(rec.out.len(), 1);
+        let (h, f) = &rec.out[0];
+        assert_eq!(
+            (h.gso_type, h.gso_size, h.flags),
+            (GSO_TCPV4, 4000, F_NEEDS_CSUM)
+        );
+        assert_eq!((h.csum_start, h.csum_offset, h.hdr_len), (34, 16, 66));
+        assert_eq!(f.len(), 14 + 20 + 32 + 10_000);
+        assert_eq!(&f[66..], &payload[..]);
+        assert_eq!(
+            usize::from(u16::from_be_bytes([f[16], f[17]])),
+            f.len() - 14
+        );
+        assert_eq!(u32::from_be_bytes([f[38], f[39], f[40], f[41]]), 1000);
+        assert!(f[47] & TCP_PSH != 0, "the last segment's PSH is kept");
+        assert!(complete_ok(h, f));
+        // Cutting it again gives back the very segments that came in.
+        let p = plan(f, h).unwrap();
+        let mut out = vec![0u8; 5000];
+        for (i, s) in segs.iter().enumerate() {
+            let n = segment(f, &p, i, &mut out).unwrap();
+            assert_eq!(&out[..n], &s[..], "segment {i}");
+        }
+        assert_eq!(c.coalesced, (1, 3));
+    }
+
+    #[test]
+    fn a_single_segment_goes_out_untouched() {
+        let segs = segments(&[7u8; 500], 1000, 0x10);
+        let mut c = Coalescer::new();
+        let mut rec = Rec::default();
+        c.push(&segs[0], &mut rec).unwrap();
+        c.flush(&mut rec).unwrap();
+        assert_eq!(rec.out, vec![(VnetHdr::default(), segs[0].clone())]);
+        c.flush(&mut rec).unwrap();
+        assert_eq!(rec.out.len(), 1, "nothing left");
+    }
+
+    #[test]
+    fn anything_that_does_not_follow_breaks_the_run_in_order() {
+        let segs = segments(&[1u8; 8000], 2000, 0x10);
+        let mut c = Coalescer::new();
+        let mut rec = Rec::default();
+        // A gap (segment 2 missing), a frame that is not TCP, a bad checksum.
+        c.push(&segs[0], &mut rec).unwrap();
+        c.push(&segs[1], &mut rec).unwrap();
+        c.push(&segs[3], &mut rec).unwrap(); // gap: flushes 0+1, starts a new run
+        let arp = vec![0xffu8; 60];
+        c.push(&arp, &mut rec).unwrap(); // not TCP: flushes, then goes out itself
+        let mut bad = segs[2].clone();
+        let last = bad.len() - 1;
+        bad[last] ^= 0x55;
+        c.push(&bad, &mut rec).unwrap(); // bad checksum: alone, for the kernel to drop
+        c.flush(&mut rec).unwrap();
+        let lens: Vec<usize> = rec.out.iter().map(|(_, f)| f.len()).collect();
+        assert_eq!(lens, vec![66 + 4000, segs[3].len(), 60, bad.len()]);
+        assert_eq!(rec.out[0].0.gso_type, GSO_TCPV4);
+        assert_eq!(rec.out[1].0, VnetHdr::default());
+        assert_eq!(rec.out[3], (VnetHdr::default(), bad));
+    }
+
+    #[test]
+    fn a_short_or_pushed_segment_ends_a_run() {
+        // 2000, 2000, 1000 (short): then a new stream position cannot join.
+        let segs = segments(&[3u8; 5000], 2000, 0x10);
+        let more = segments(&[4u8; 2000], 2000, 0x10);
+        let mut c = Coalescer::new();
+        let mut rec = Rec::default();
+        for s in &segs {
+            c.push(s, &mut rec).unwrap();
+        }
+        c.push(&more[0], &mut rec).unwrap();
+        c.flush(&mut rec).unwrap();
+        assert_eq!(rec.out.len(), 2);
+        assert_eq!(rec.out[0].1.len(), 66 + 5000);
+        // Different options (a new timestamp) do not join either.
+        let mut c = Coalescer::new();
+        let mut rec = Rec::default();
+        let mut other = segs[1].clone();
+        other[60] = 2; // an option byte
+        let c0 = u16::from_be_bytes([other[50], other[51]]);
+        other[50..52].copy_from_slice(&(!fold(u64::from(!c0) + 0xfffe)).to_be_bytes());
+        c.push(&segs[0], &mut rec).unwrap();
+        c.push(&other, &mut rec).unwrap();
+        c.flush(&mut rec).unwrap();
+        assert_eq!(
+            rec.out.len(),
+            2,
+            "{:?}",
+            rec.out.iter().map(|o| o.1.len()).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn a_failed_write_reports_every_frame_in_it() {
+        let segs = segments(&[5u8; 6000], 2000, 0x10);
+        let mut c = Coalescer::new();
+        let mut rec = Rec::default();
+        for s in &segs {
+            c.push(s, &mut rec).unwrap();
+        }
+        rec.fail = true;
+        let lost = c.flush(&mut rec).unwrap_err();
+        assert_eq!(lost.frames, 3);
+        assert_eq!(c.pending(), 0, "nothing is retried later");
+        let lost = c.push(&[0u8; 60], &mut rec).unwrap_err();
+        assert_eq!(lost.frames, 1);
+    }
+
     proptest! {
         #[test]
         fn segments_rebuild_the_stream(
@@ -440,6 +817,34 @@ mod tests {
         }
 
         #[test]
+        fn coalescing_keeps_every_byte_in_order(
+            payload in proptest::collection::vec(any::<u8>(), 1..20_000),
+            mss in 500u16..4000,
+            flush_every in 1usize..20,
+        ) {
+            let segs = segments(&payload, mss, 0x10);
+            let mut c = Coalescer::new();
+            let mut rec = Rec::default();
+            for (i, s) in segs.iter().enumerate() {
+                c.push(s, &mut rec).unwrap();
+                if (i + 1) % flush_every == 0 {
+                    c.flush(&mut rec).unwrap();
+                }
+            }
+            c.flush(&mut rec).unwrap();
+            let mut joined = Vec::new();
+            for (h, f) in &rec.out {
+                if h.gso_type == GSO_TCPV4 {
+                    prop_assert!(complete_ok(h, f));
+                } else {
+                    prop_assert!(tcp_ok(f));
+                }
+                joined.extend_from_slice(&f[66..]);
+            }
+            prop_assert_eq!(joined, payload);
+        }
+
+        #[test]
         fn arbitrary_bytes_never_panic(
             frame in proptest::collection::vec(any::<u8>(), 0..300),
             mss in 0u16..200,
@@ -452,6 +857,11 @@ mod tests {
             }
             let mut f = frame.clone();
             let _ = finish_checksum(&mut f, 14, 6);
+            let mut c = Coalescer::new();
+            let mut rec = Rec::default();
+            let _ = c.push(&frame, &mut rec);
+            let _ = c.push(&frame, &mut rec);
+            let _ = c.flush(&mut rec);
         }
     }
 }
