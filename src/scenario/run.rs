@@ -985,12 +985,15 @@ impl Runner {
             check(
                 "traffic still running".into(),
                 ok == want,
-                match (alive, rep.resume_ms) {
-                    (false, _) => "the load has ended".into(),
-                    (true, None) => {
+                match (alive, rep.resumed_unix_ms, rep.resume_ms) {
+                    (false, _, _) => "the load has ended".into(),
+                    (true, None, _) => {
                         format!("running, but no data moved since the fault ({waited})")
                     }
-                    (true, Some(t)) => format!("moving again {t:.0} ms after the injection"),
+                    (true, Some(_), Some(t)) => {
+                        format!("moving again {t:.0} ms after the injection")
+                    }
+                    (true, Some(_), None) => "moving (the fault never hit)".into(),
                 },
             );
         }
