@@ -17,7 +17,7 @@ use crate::neigh::{Learned, Neighbours};
 use crate::stats::{self, DropReason, Stats};
 use crate::verbs::{
     AhHandle, Completion, CqKind, Dest, Endpoint, EndpointConfig, GRH_LEN, Gid, MULTICAST_QPN,
-    Provider, SendWr, VerbsError, WcStatus,
+    Provider, RecvWr, SendWr, VerbsError, WcStatus,
 };
 use crate::wire::arp::{self, EthArp, IpoibArp};
 use crate::wire::eth::{self, EthHeader, Mac, mac_for_gid, multicast_mac};
@@ -226,6 +226,28 @@ pub struct Teardown {
     pub errors: u64,
     /// The ledger's verdict after the reap.
     pub ledger: Result<(), String>,
+    /// Whether the endpoint was kept for the next epoch ([`Interface::recycle`] with
+    /// [`Endpoint::renew`] working): only its QP and CQs were replaced. Of `destroy`,
+    /// `renew` was spent replacing them.
+    pub kept: bool,
+    /// Time spent in [`Endpoint::renew`] (zero when not kept).
+    pub renew: Duration,
+}
+
+/// Where the time of [`Interface::open`] / [`Interface::reopen`] went.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenTimes {
+    /// Opening the endpoint (device context, PD, memory registration, channel, CQs, QP);
+    /// zero for a kept endpoint.
+    pub open: Duration,
+    /// Creating the broadcast group's address handle.
+    pub ah: Duration,
+    /// Attaching the QP to the broadcast group (and the IP-level join on RoCE).
+    pub attach: Duration,
+    /// Posting the receive ring.
+    pub fill: Duration,
+    /// Receives posted.
+    pub posted: usize,
 }
 
 /// One interface. See the module docs.
@@ -249,6 +271,8 @@ pub struct Interface {
     frame: Vec<u8>,
     chain: Vec<SendWr>,
     chain_meta: Vec<SendMeta>,
+    /// Receives to post as one chain (capacity: the receive ring).
+    recv_chain: Vec<RecvWr>,
     destroy: Vec<AhHandle>,
     probe: Vec<Ipv4Addr>,
     log: RateLimit,
@@ -257,6 +281,8 @@ pub struct Interface {
     draining: bool,
     /// Flush completions seen outside a teardown since the last check.
     unexpected_flushes: u64,
+    /// Where the time of this epoch's open went.
+    open_times: OpenTimes,
 }
 
 impl Interface {
@@ -270,7 +296,42 @@ impl Interface {
         epoch: u16,
         neigh: &mut Option<Neighbours>,
     ) -> Result<Interface, OpenError> {
-        let mut ep = provider.open(&p.endpoint)?;
+        let start = Instant::now();
+        let ep = provider.open(&p.endpoint)?;
+        let opened = start.elapsed();
+        Self::on_endpoint(ep, opened, p, stats, epoch, neigh)
+    }
+
+    /// Like [`Interface::open`] on an endpoint kept from the previous epoch by
+    /// [`Interface::recycle`] (its QP and CQs are new; context, PD, memory and channel
+    /// are the old ones). On failure the endpoint is closed.
+    pub fn reopen(
+        ep: Box<dyn Endpoint>,
+        p: &Params,
+        stats: Arc<Stats>,
+        epoch: u16,
+        neigh: &mut Option<Neighbours>,
+    ) -> Result<Interface, OpenError> {
+        Self::on_endpoint(ep, Duration::ZERO, p, stats, epoch, neigh)
+    }
+
+    /// Where the time of this epoch's open went.
+    pub fn open_times(&self) -> OpenTimes {
+        self.open_times
+    }
+
+    fn on_endpoint(
+        mut ep: Box<dyn Endpoint>,
+        opened: Duration,
+        p: &Params,
+        stats: Arc<Stats>,
+        epoch: u16,
+        neigh: &mut Option<Neighbours>,
+    ) -> Result<Interface, OpenError> {
+        let mut times = OpenTimes {
+            open: opened,
+            ..OpenTimes::default()
+        };
         let a = ep.attrs().clone();
         let max_mtu = a.max_payload.saturating_sub(ipoib::HEADER_LEN as u32);
         let mtu = match p.mtu {
@@ -284,8 +345,12 @@ impl Interface {
             Some(m) => m,
             None => max_mtu,
         };
+        let t = Instant::now();
         let group_ah = ep.create_ah(&p.group)?;
+        times.ah = t.elapsed();
+        let t = Instant::now();
         ep.attach_mcast(&p.group)?;
+        times.attach = t.elapsed();
         let own_hw = IpoibAddr::new(a.qpn, a.gid);
         let mut iface = Interface {
             ledger: Ledger::new(epoch, a.recv_slots, a.send_slots),
@@ -308,12 +373,14 @@ impl Interface {
             frame: vec![0; eth::HEADER_LEN + mtu as usize + 64],
             chain: Vec::with_capacity(a.send_slots as usize),
             chain_meta: Vec::with_capacity(a.send_slots as usize),
+            recv_chain: Vec::with_capacity(a.recv_slots as usize),
             destroy: Vec::new(),
             probe: Vec::new(),
             log: RateLimit::new(10),
             tx_timeout: p.tx_timeout,
             draining: false,
             unexpected_flushes: 0,
+            open_times: times,
             ep,
         };
         stats::add(&iface.stats.ah_created, 1);
@@ -321,11 +388,16 @@ impl Interface {
         stats::set(&iface.stats.mtu, mtu as u64);
         stats::set(&iface.stats.recv_ring, u64::from(a.recv_slots));
         stats::set(&iface.stats.send_ring, u64::from(a.send_slots));
-        if let Err(e) = iface.fill_recv() {
-            // Receives posted before the failure are reaped with the endpoint.
-            let _ = iface.shutdown(Duration::ZERO);
-            return Err(e.into());
+        let t = Instant::now();
+        match iface.fill_recv() {
+            Ok(n) => iface.open_times.posted = n,
+            Err(e) => {
+                // Receives posted before the failure are reaped with the endpoint.
+                let _ = iface.shutdown(Duration::ZERO);
+                return Err(e.into());
+            }
         }
+        iface.open_times.fill = t.elapsed();
         iface.sync_gauges();
         tracing::info!(
             device = %a.device, port = a.port, qpn = a.qpn, gid = %a.gid, gid_index = a.gid_index,
@@ -393,22 +465,34 @@ impl Interface {
         stats::set(&s.neigh_entries, self.neigh.len() as u64);
     }
 
-    /// Post every free receive slot.
+    /// Post every free receive slot, as one chain (one `ibv_post_recv`).
     pub fn fill_recv(&mut self) -> Result<usize, VerbsError> {
-        let mut n = 0;
-        while let Some(slot) = self.ledger.reserve_recv() {
-            let id = self.ledger.wr_id(Ring::Recv, slot);
-            if let Err(e) = self.ep.post_recv(id, slot) {
-                self.ledger.release(Ring::Recv, slot);
-                // What was posted before the failure is in the ledger: count it too.
-                stats::add(&self.stats.recv_posted, n as u64);
-                return Err(e);
-            }
-            self.ledger.posted_recv(slot);
-            n += 1;
+        self.recv_chain.clear();
+        while self.recv_chain.len() < self.recv_chain.capacity()
+            && let Some(slot) = self.ledger.reserve_recv()
+        {
+            let wr_id = self.ledger.wr_id(Ring::Recv, slot);
+            self.recv_chain.push(RecvWr { wr_id, slot });
         }
+        if self.recv_chain.is_empty() {
+            return Ok(0);
+        }
+        let res = self.ep.post_recv_chain(&self.recv_chain);
+        let n = match &res {
+            Ok(()) => self.recv_chain.len(),
+            Err(e) => e.posted.min(self.recv_chain.len()),
+        };
+        for w in &self.recv_chain[..n] {
+            self.ledger.posted_recv(w.slot);
+        }
+        // Not posted: back to free.
+        for w in &self.recv_chain[n..] {
+            self.ledger.release(Ring::Recv, w.slot);
+        }
+        self.recv_chain.clear();
+        // What was posted before a failure is in the ledger: count it too.
         stats::add(&self.stats.recv_posted, n as u64);
-        Ok(n)
+        res.map(|()| n).map_err(|e| e.error)
     }
 
     /// Handle up to the budget of receive completions, writing packets to `tap`, and
@@ -889,7 +973,29 @@ impl Interface {
     /// group, destroy AHs, destroy the endpoint, reap what never completed, check the
     /// ledger. Never panics; failures are counted.
     /// The neighbour table is handed back for the next epoch.
-    pub fn shutdown(mut self, deadline: Duration) -> (Teardown, Neighbours) {
+    pub fn shutdown(self, deadline: Duration) -> (Teardown, Neighbours) {
+        let (t, neigh, _) = self.teardown(deadline, false);
+        (t, neigh)
+    }
+
+    /// Like [`Interface::shutdown`], but instead of destroying the endpoint, replace its
+    /// QP and CQs ([`Endpoint::renew`]) and hand it back for [`Interface::reopen`]:
+    /// device context, PD, registered memory and completion channel survive. What was
+    /// posted on the old QP is reaped exactly as after a full teardown (the old QP and
+    /// CQs are destroyed, so no completion of this epoch can come). If the renewal fails
+    /// the endpoint is closed (`None`): open a new one.
+    ///
+    /// Not for a lost device: use [`Interface::shutdown`] then, which closes everything
+    /// at once (a removal waits for every context on the device to close).
+    pub fn recycle(self, deadline: Duration) -> (Teardown, Neighbours, Option<Box<dyn Endpoint>>) {
+        self.teardown(deadline, true)
+    }
+
+    fn teardown(
+        mut self,
+        deadline: Duration,
+        keep: bool,
+    ) -> (Teardown, Neighbours, Option<Box<dyn Endpoint>>) {
         let mut t = Teardown {
             reaped: 0,
             sends_reaped: 0,
@@ -898,6 +1004,8 @@ impl Interface {
             destroy: Duration::ZERO,
             errors: 0,
             ledger: Ok(()),
+            kept: false,
+            renew: Duration::ZERO,
         };
         let flushed_before =
             stats::get(&self.stats.recv_flushed) + stats::get(&self.stats.send_flushed);
@@ -942,9 +1050,27 @@ impl Interface {
                 }
             }
         }
-        // The endpoint goes first (QP, CQs, channel, MR, PD, context): after that no
-        // completion can come for anything still posted, so it is reaped.
-        drop(self.ep);
+        // The endpoint goes first (QP, CQs, channel, MR, PD, context), or, kept, its QP
+        // and CQs are replaced: after that no completion can come for anything still
+        // posted, so it is reaped.
+        let mut ep = self.ep;
+        let kept = if keep {
+            let renew_start = Instant::now();
+            let renewed = ep.renew();
+            t.renew = renew_start.elapsed();
+            match renewed {
+                Ok(()) => Some(ep),
+                Err(e) => {
+                    tracing::warn!(error = %e, "renewing the endpoint failed: closing it (the next epoch opens the device again)");
+                    drop(ep);
+                    None
+                }
+            }
+        } else {
+            drop(ep);
+            None
+        };
+        t.kept = kept.is_some();
         t.destroy = destroy_start.elapsed();
         // Sends reaped never completed: whether they left is unknown, so each is counted
         // as dropped with reason `reaped`.
@@ -974,7 +1100,7 @@ impl Interface {
         stats::add(&self.stats.teardown_errors, t.errors);
         stats::set(&self.stats.recv_outstanding, 0);
         stats::set(&self.stats.send_outstanding, 0);
-        (t, self.neigh)
+        (t, self.neigh, kept)
     }
 
     fn outstanding(&self) -> u64 {

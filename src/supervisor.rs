@@ -34,7 +34,7 @@ use crate::neigh::Neighbours;
 use crate::poller::{Exit, Poller};
 use crate::stats::{self, Snapshot, Stats};
 use crate::tap::TapDevice;
-use crate::verbs::{Provider, VerbsError};
+use crate::verbs::{Endpoint, Provider, VerbsError};
 
 /// An interface that ran this long since its last restart is healthy again: the next
 /// failure restarts it at once instead of backing off.
@@ -75,6 +75,47 @@ pub struct RestartRecord {
     pub ledger_balanced: bool,
     /// Open attempts that failed before the rebuild succeeded.
     pub failed_attempts: u32,
+    /// Whether the device context, PD, registered memory and completion channel were
+    /// kept (only the QP and CQs were replaced); `false` after a device loss or when the
+    /// renewal failed, when everything was reopened.
+    #[serde(default)]
+    pub kept_device: bool,
+    /// Where the recovery time went (ms), in order; see [`Phases`].
+    #[serde(default)]
+    pub phases: Phases,
+}
+
+/// Where one recovery's time went, in milliseconds, in the order the phases run. Their
+/// sum is `recovery_ms` up to the bookkeeping between them.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Phases {
+    /// From detection (in the poller) to the supervisor starting the restart: the
+    /// poller's exit and the hand-over.
+    pub handoff_ms: f64,
+    /// Moving the QP to the error state and draining flush completions.
+    pub drain_ms: f64,
+    /// Detaching the group, destroying the AHs and the endpoint, or, when kept, replacing
+    /// its QP and CQs (of which `renew_ms`).
+    pub destroy_ms: f64,
+    /// [`crate::verbs::Endpoint::renew`]: new CQs and QP brought up, the old destroyed.
+    pub renew_ms: f64,
+    /// Reaping and checking the ledger, and the backoff wait before the rebuild.
+    pub reap_ms: f64,
+    /// Opening the endpoint (context, PD, memory registration, channel, CQs, QP); zero
+    /// when kept.
+    pub open_ms: f64,
+    /// Creating the broadcast group's address handle.
+    pub ah_ms: f64,
+    /// Attaching the broadcast group.
+    pub attach_ms: f64,
+    /// Posting the receive ring.
+    pub fill_ms: f64,
+    /// Starting the poller (thread, registration) and the carrier.
+    pub start_ms: f64,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
 
 /// What `uipoib status` shows.
@@ -257,6 +298,8 @@ struct Shell {
     neigh: Option<Neighbours>,
     last_ledger: Result<(), String>,
     dead_device_lost: bool,
+    /// The endpoint the last teardown kept (QP and CQs renewed) for the next epoch.
+    kept: Option<Box<dyn Endpoint>>,
 }
 
 enum Wait {
@@ -287,6 +330,7 @@ impl Shell {
             neigh: None,
             last_ledger: Ok(()),
             dead_device_lost: false,
+            kept: None,
         }
     }
 
@@ -412,6 +456,7 @@ impl Shell {
     /// Tear down a failed interface and bring up a new epoch.
     fn restart(&mut self, iface: Interface, cause: Failure, detected: Instant) -> Restarted {
         let detected_unix_ms = unix_ms();
+        let handoff = detected.elapsed();
         tracing::warn!(iface = %self.s.name, cause = cause.kind(), detail = %cause, epoch = self.epoch, "restarting the interface");
         self.carrier(false);
         self.set_state("restarting");
@@ -420,13 +465,18 @@ impl Shell {
         }
         // A lost device cannot flush anything, and an operator's `rdma link delete` waits
         // until the endpoint is closed: tear down at once, reaping everything.
-        let deadline = if cause.device_lost() {
-            Duration::ZERO
+        // Anything else keeps the device context, PD, registered memory and channel, and
+        // replaces only the QP and CQs (the kernel's IPoIB does the same).
+        let t = if cause.device_lost() {
+            let (t, neigh) = iface.shutdown(Duration::ZERO);
+            self.neigh = Some(neigh);
+            t
         } else {
-            FLUSH_DEADLINE
+            let (t, neigh, kept) = iface.recycle(FLUSH_DEADLINE);
+            self.neigh = Some(neigh);
+            self.kept = kept;
+            t
         };
-        let (t, neigh) = iface.shutdown(deadline);
-        self.neigh = Some(neigh);
         match &t.ledger {
             Ok(()) => {}
             Err(e) => {
@@ -436,8 +486,9 @@ impl Shell {
         self.last_ledger = t.ledger.clone();
         tracing::info!(
             iface = %self.s.name, reaped = t.reaped, sends_reaped = t.sends_reaped,
-            flushed = t.flushed, destroy_errors = t.errors,
-            drain_ms = t.drain.as_secs_f64() * 1e3, destroy_ms = t.destroy.as_secs_f64() * 1e3,
+            flushed = t.flushed, destroy_errors = t.errors, kept_device = t.kept,
+            handoff_ms = ms(handoff), drain_ms = ms(t.drain), destroy_ms = ms(t.destroy),
+            renew_ms = ms(t.renew),
             "torn down"
         );
         let mut record = RestartRecord {
@@ -451,8 +502,18 @@ impl Shell {
             flushed: t.flushed,
             ledger_balanced: t.ledger.is_ok(),
             failed_attempts: 0,
+            kept_device: false,
+            phases: Phases {
+                handoff_ms: ms(handoff),
+                drain_ms: ms(t.drain),
+                destroy_ms: ms(t.destroy),
+                renew_ms: ms(t.renew),
+                ..Phases::default()
+            },
         };
         if self.breaker.record(Instant::now()) {
+            // Dead: nothing of the device is held until it is revived.
+            self.kept = None;
             let why = format!(
                 "{} restarts within {:?} (last cause: {})",
                 self.s.policy.max_restarts + 1,
@@ -486,12 +547,29 @@ impl Shell {
         }
     }
 
+    /// Open the next epoch: on the endpoint the last teardown kept, if any (only its QP
+    /// and CQs are new), else by opening the device.
     fn open_epoch(&mut self) -> Result<Interface, OpenError> {
+        let epoch = self.epoch.wrapping_add(1).max(1);
+        if let Some(ep) = self.kept.take() {
+            match Interface::reopen(
+                ep,
+                &self.s.params,
+                self.s.stats.clone(),
+                epoch,
+                &mut self.neigh,
+            ) {
+                Ok(iface) => return Ok(iface),
+                Err(e) => {
+                    tracing::warn!(iface = %self.s.name, error = %e, "rebuilding on the kept endpoint failed: opening the device again");
+                }
+            }
+        }
         Interface::open(
             self.s.provider.as_ref(),
             &self.s.params,
             self.s.stats.clone(),
-            self.epoch.wrapping_add(1).max(1),
+            epoch,
             &mut self.neigh,
         )
     }
@@ -537,8 +615,31 @@ impl Shell {
                     Wait::Restart | Wait::Elapsed => {}
                 }
             }
+            let attempt = Instant::now();
+            let kept = self.kept.is_some();
             match self.open_epoch() {
-                Ok(iface) => return self.go_live(iface, record, detected),
+                Ok(iface) => {
+                    let o = iface.open_times();
+                    let p = &mut record.phases;
+                    p.reap_ms = (ms(attempt.saturating_duration_since(detected))
+                        - p.handoff_ms
+                        - p.drain_ms
+                        - p.destroy_ms)
+                        .max(0.0);
+                    p.open_ms = ms(o.open);
+                    p.ah_ms = ms(o.ah);
+                    p.attach_ms = ms(o.attach);
+                    p.fill_ms = ms(o.fill);
+                    record.kept_device = kept && o.open.is_zero();
+                    let live = Instant::now();
+                    let p = self.go_live(iface, record, detected);
+                    record.phases.start_ms = ms(live.elapsed());
+                    tracing::info!(
+                        iface = %self.s.name, kept_device = record.kept_device,
+                        phases = ?record.phases, "recovery phases (ms)"
+                    );
+                    return p;
+                }
                 Err(e) => {
                     record.failed_attempts += 1;
                     let gone = matches!(e, OpenError::Verbs(VerbsError::NoDevice(_)));

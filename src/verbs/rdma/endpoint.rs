@@ -34,7 +34,7 @@ use super::objects::{
 };
 use crate::verbs::{
     AhHandle, AsyncEvent, Completion, CqKind, Endpoint, EndpointAttrs, EndpointConfig, Gid,
-    GrhKind, PostSendError, SendWr, VerbsError, WcStatus,
+    GrhKind, PostRecvError, PostSendError, RecvWr, SendWr, VerbsError, WcStatus,
 };
 
 /// Inline data asked for at QP creation: enough for ARP and TCP ACK sized IPoIB packets,
@@ -61,6 +61,8 @@ struct McastJoin {
 /// [`RdmaEndpoint::close`] does the same and returns the first failure.
 pub struct RdmaEndpoint {
     attrs: EndpointAttrs,
+    /// What it was opened with (`renew` re-reads the port and GID table against it).
+    cfg: EndpointConfig,
     log: TeardownLog,
     link_layer: u8,
     layout: SlotLayout,
@@ -87,6 +89,8 @@ pub struct RdmaEndpoint {
     // Scratch arrays for the datapath, sized at open.
     send_wrs: Vec<ibv_send_wr>,
     send_sges: Vec<ibv_sge>,
+    recv_wrs: Vec<ibv_recv_wr>,
+    recv_sges: Vec<ibv_sge>,
     wcs: Vec<ibv_wc>,
     // Verbs objects, in teardown order (`teardown` closes them in this order; should it
     // be skipped, field drop order is the same).
@@ -218,9 +222,11 @@ impl RdmaEndpoint {
             "verbs endpoint open"
         );
         let send_n = usize::try_from(cfg.send_slots).unwrap_or(usize::MAX);
+        let recv_n = usize::try_from(cfg.recv_slots).unwrap_or(usize::MAX);
         let wc_n = usize::try_from(cfg.recv_slots.max(cfg.send_slots)).unwrap_or(usize::MAX);
         Ok(RdmaEndpoint {
             attrs,
+            cfg: cfg.clone(),
             log,
             link_layer: port.link_layer,
             layout,
@@ -231,6 +237,8 @@ impl RdmaEndpoint {
             lost: None,
             send_wrs: (0..send_n).map(|_| zeroed()).collect(),
             send_sges: (0..send_n).map(|_| zeroed()).collect(),
+            recv_wrs: (0..recv_n).map(|_| zeroed()).collect(),
+            recv_sges: (0..recv_n).map(|_| zeroed()).collect(),
             wcs: (0..wc_n).map(|_| zeroed()).collect(),
             watcher,
             mcast: Vec::new(),
@@ -339,6 +347,99 @@ impl RdmaEndpoint {
             );
         }
         Ok(Some(mapped))
+    }
+
+    /// [`Endpoint::renew`]: new CQs and QP are created and brought up while the old ones
+    /// still exist, and swapped in only when all of that worked; then the old QP is
+    /// detached and destroyed with its CQs. On any failure before the swap nothing
+    /// changes; a failed destroy of the old objects is logged, counted and returned (the
+    /// object is forgotten, the new ones are in place).
+    fn renew_queues(&mut self) -> Result<(), VerbsError> {
+        if let Some(ev) = self.lost {
+            return Err(VerbsError::RenewRefused(format!(
+                "the device was lost ({ev:?})"
+            )));
+        }
+        if self.torn_down {
+            return Err(VerbsError::RenewRefused("the endpoint is closed".into()));
+        }
+        // Re-read the port and the GID table (they move after port flaps and re-adds):
+        // the registered slots are sized for the old MTU and the GID is our address.
+        let cfg = &self.cfg;
+        let port = device::query_port(&self.ctx, &cfg.device, cfg.port)?;
+        let gid = device::choose_gid(
+            &self.ctx,
+            &cfg.device,
+            cfg.port,
+            port.gid_tbl_len,
+            cfg.gid_index,
+        )?;
+        if port.mtu != self.attrs.port_mtu
+            || gid.gid != self.attrs.gid
+            || gid.index != self.attrs.gid_index
+            || grh_kind(&gid) != self.attrs.grh_kind
+        {
+            return Err(VerbsError::RenewRefused(format!(
+                "port MTU {} / GID {} at index {} now, {} / {} at index {} when opened",
+                port.mtu,
+                gid.gid,
+                gid.index,
+                self.attrs.port_mtu,
+                self.attrs.gid,
+                self.attrs.gid_index
+            )));
+        }
+        let recv_cq = Cq::create(&self.ctx, self.attrs.recv_slots, &self.channel, &self.log)?;
+        let send_cq = Cq::create(&self.ctx, self.attrs.send_slots, &self.channel, &self.log)?;
+        let req = QpRequest {
+            max_send_wr: self.attrs.send_slots,
+            max_recv_wr: self.attrs.recv_slots,
+            max_inline_data: if self.attrs.max_inline == 0 {
+                0
+            } else {
+                REQUESTED_MAX_INLINE
+            },
+        };
+        let (qp, caps) = Qp::create_ud(&self.pd, &send_cq, &recv_cq, &req, &self.log)?;
+        bring_up(&qp, &self.cfg)?;
+        // Events of the old CQs still queued on the channel: take and acknowledge them
+        // (an unacknowledged event makes ibv_destroy_cq wait forever; the kernel drops
+        // the unread ones of a destroyed CQ itself).
+        let events = self.take_cq_events();
+        let mut first: Option<VerbsError> = events.err();
+        let mut keep = |r: Result<(), VerbsError>| {
+            if let Err(e) = r {
+                first.get_or_insert(e);
+            }
+        };
+        // rxe refuses to destroy a QP that is still attached (EBUSY): detach first.
+        for join in std::mem::take(&mut self.mcast) {
+            keep(
+                self.log
+                    .destroyed("ibv_detach_mcast", detach_raw(&self.qp, &join.gid)),
+            );
+        }
+        let mut old_qp = std::mem::replace(&mut self.qp, qp);
+        let mut old_recv = std::mem::replace(&mut self.recv_cq, recv_cq);
+        let mut old_send = std::mem::replace(&mut self.send_cq, send_cq);
+        keep(old_qp.close());
+        keep(old_recv.close());
+        keep(old_send.close());
+        self.recvs_in_flight = 0;
+        self.sends_in_flight = 0;
+        let old_qpn = self.attrs.qpn;
+        self.attrs.qpn = self.qp.qp_num();
+        if req.max_inline_data != 0 {
+            self.attrs.max_inline = caps.max_inline_data;
+        }
+        tracing::info!(
+            device = %self.attrs.device, old_qpn, qpn = self.attrs.qpn,
+            "verbs endpoint renewed: new QP and CQs, context, PD, MR and channel kept"
+        );
+        match first {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
     }
 
     fn teardown(&mut self) -> Result<(), VerbsError> {
@@ -597,8 +698,8 @@ fn signaled_prefix(wrs: &[SendWr], room: u32) -> usize {
 
 /// How many work requests of a chain starting at `base` (length `n`) precede `bad`, the
 /// first one the provider did not post. `None` when `bad` is not in the chain.
-fn posted_before(base: *const ibv_send_wr, bad: *const ibv_send_wr, n: usize) -> Option<usize> {
-    let size = std::mem::size_of::<ibv_send_wr>();
+fn posted_before<T>(base: *const T, bad: *const T, n: usize) -> Option<usize> {
+    let size = std::mem::size_of::<T>();
     let delta = (bad as usize).checked_sub(base as usize)?;
     (delta % size == 0 && delta / size < n).then_some(delta / size)
 }
@@ -655,6 +756,81 @@ impl Endpoint for RdmaEndpoint {
         } else {
             Err(VerbsError::verb("ibv_post_recv", ret_errno(ret)))
         }
+    }
+
+    fn post_recv_chain(&mut self, wrs: &[RecvWr]) -> Result<(), PostRecvError> {
+        let n = wrs.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let reject = |error| Err(PostRecvError { posted: 0, error });
+        // Only as many as the receive CQ has room for (see `sends_in_flight`).
+        let room = self.attrs.recv_slots.saturating_sub(self.recvs_in_flight) as usize;
+        let fit = n.min(room).min(self.recv_wrs.len());
+        if fit == 0 {
+            return reject(VerbsError::verb("ibv_post_recv", libc::ENOMEM));
+        }
+        let lkey = self.mr.lkey();
+        // Validate and fill the scratch arrays; nothing is posted if any WR is invalid.
+        for (i, w) in wrs[..fit].iter().enumerate() {
+            let Some(off) = self.layout.recv_offset(w.slot) else {
+                return reject(VerbsError::Invalid {
+                    field: "slot",
+                    why: format!("receive slot {} of {}", w.slot, self.attrs.recv_slots),
+                });
+            };
+            self.recv_sges[i] = ibv_sge {
+                addr: self.region.addr(off),
+                length: self.recv_sge_len,
+                lkey,
+            };
+            let wr = &mut self.recv_wrs[i];
+            wr.wr_id = w.wr_id;
+            wr.num_sge = 1;
+        }
+        let wr_base = self.recv_wrs.as_mut_ptr();
+        let sge_base = self.recv_sges.as_mut_ptr();
+        for i in 0..fit {
+            // SAFETY: `i < fit <= len` of both arrays (checked above), so every pointer is
+            // in bounds; no Rust reference to either array is alive here.
+            unsafe {
+                let wr = wr_base.add(i);
+                (*wr).sg_list = sge_base.add(i);
+                (*wr).next = if i + 1 < fit {
+                    wr_base.add(i + 1)
+                } else {
+                    ptr::null_mut()
+                };
+            }
+        }
+        let mut bad: *mut ibv_recv_wr = ptr::null_mut();
+        // SAFETY: the QP is live; the chain of `fit` WRs and their SGEs lies in arrays
+        // that outlive the call (the provider copies them); every SGE covers one receive
+        // slot inside the MR.
+        let ret = unsafe { ibv_post_recv(self.qp.as_ptr(), wr_base, &mut bad) };
+        if ret == 0 {
+            self.recvs_in_flight += fit as u32;
+            return if fit == n {
+                Ok(())
+            } else {
+                Err(PostRecvError {
+                    posted: fit,
+                    error: VerbsError::verb("ibv_post_recv", libc::ENOMEM),
+                })
+            };
+        }
+        let posted = posted_before(wr_base, bad, fit).unwrap_or_else(|| {
+            tracing::warn!(
+                ret,
+                "ibv_post_recv failed without a bad_wr in the chain; assuming none posted"
+            );
+            0
+        });
+        self.recvs_in_flight += posted as u32;
+        Err(PostRecvError {
+            posted,
+            error: VerbsError::verb("ibv_post_recv", ret_errno(ret)),
+        })
     }
 
     fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), PostSendError> {
@@ -1001,6 +1177,10 @@ impl Endpoint for RdmaEndpoint {
             ibv_qp_attr_mask::IBV_QP_STATE,
             "ibv_modify_qp(ERR)",
         )
+    }
+
+    fn renew(&mut self) -> Result<(), VerbsError> {
+        self.renew_queues()
     }
 }
 
