@@ -959,6 +959,33 @@ mod tests {
     }
 
     #[test]
+    fn renew_starts_the_qp_afresh_and_refuses_after_a_device_loss() {
+        let mut r = rig();
+        r.switch.arm_poll_error_n(-5, 1);
+        let mut out = [Completion::EMPTY; 4];
+        assert!(r.a.poll_cq(CqKind::Recv, &mut out).is_err());
+        // A failed poll is never retried on that QP; after a renewal the QP is another.
+        let qpn = r.a.attrs().qpn;
+        r.a.renew().unwrap();
+        assert_ne!(r.a.attrs().qpn, qpn);
+        assert_eq!((r.switch.opens(), r.switch.renewals()), (1, 1));
+        assert!(r.a.poll_cq(CqKind::Recv, &mut out).is_ok());
+        assert_eq!(r.switch.polls_after_failure(), 0);
+        // A hidden device (gone) cannot be renewed ...
+        r.switch.hide_device(true);
+        assert!(matches!(r.a.renew(), Err(VerbsError::RenewRefused(_))));
+        r.switch.hide_device(false);
+        // ... nor one whose loss this endpoint reported.
+        r.switch.inject_async(AsyncEvent::DeviceFatal);
+        assert_eq!(
+            r.a.next_async_event().unwrap(),
+            Some(AsyncEvent::DeviceFatal)
+        );
+        assert!(matches!(r.a.renew(), Err(VerbsError::RenewRefused(_))));
+        assert_eq!(r.switch.renewals(), 1);
+    }
+
+    #[test]
     fn inert_until_armed_then_poll_error_after_n() {
         let mut r = rig();
         r.a_sends(1, 3).unwrap();

@@ -2126,6 +2126,69 @@ mod tests {
     }
 
     #[test]
+    fn renew_replaces_the_qp_and_keeps_memory_and_handles() {
+        let f = fabric();
+        let group = Gid::from_ipv4(Ipv4Addr::new(239, 0, 0, 1));
+        let mut a = open(&f, "a");
+        let mut b = open(&f, "b");
+        b.attach_mcast(&group).unwrap();
+        b.post_recv(7, 3).unwrap();
+        b.post_recv(8, 4).unwrap();
+        b.send_buf(2)[..4].copy_from_slice(b"kept");
+        let to_a = b.create_ah(&Gid::from_ipv4(A_IP)).unwrap();
+        let old = b.attrs().qpn;
+        // Registered as a poll source while renewing: the channel hears the new QP.
+        let mut poll = mio::Poll::new().unwrap();
+        b.register(poll.registry(), mio::Token(1), mio::Token(2))
+            .unwrap();
+        assert_eq!((f.opens(), f.renewals()), (2, 0));
+        b.renew().unwrap();
+        assert_eq!((f.opens(), f.renewals()), (2, 1), "no open, one renewal");
+        let new = b.attrs().qpn;
+        assert!(new > old, "a new QPN: {old} -> {new}");
+        assert_eq!(f.live_qps(), 2);
+        assert_eq!(f.mcast_groups(), 0, "the old QP left the group");
+        // The slot memory is the same memory.
+        assert_eq!(&b.send_buf(2)[..4], b"kept");
+        // What was posted on the old QP never completes (the caller reaps it) ...
+        assert!(poll_all(&mut *b, CqKind::Recv).is_empty());
+        // ... and the old QPN is gone from the fabric.
+        let to_b = a.create_ah(&Gid::from_ipv4(B_IP)).unwrap();
+        send(&mut *a, to_b, old, QKEY, 1, b"stale");
+        assert_eq!(f.counters().unknown_dest, 1);
+        // The new QP works, and the address handle made before the renewal too.
+        b.post_recv(9, 0).unwrap();
+        b.req_notify(CqKind::Recv).unwrap();
+        send(&mut *a, to_b, new, QKEY, 2, b"fresh");
+        let got = poll_all(&mut *b, CqKind::Recv);
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].wr_id, got[0].status), (9, WcStatus::Success));
+        assert_eq!(
+            b.take_cq_events().unwrap(),
+            (1, 0),
+            "event on the kept channel"
+        );
+        a.post_recv(1, 0).unwrap();
+        send(&mut *b, to_a, a.attrs().qpn, QKEY, 3, b"back");
+        assert_eq!(poll_all(&mut *a, CqKind::Recv).len(), 1);
+        b.deregister(poll.registry()).unwrap();
+    }
+
+    #[test]
+    fn renew_refuses_when_the_port_changed() {
+        let f = fabric();
+        let mut a = open(&f, "a");
+        let qpn = a.attrs().qpn;
+        f.reconfigure_device("a", Ipv4Addr::new(10, 0, 0, 9), 2048)
+            .unwrap();
+        assert!(matches!(a.renew(), Err(VerbsError::RenewRefused(_))));
+        assert_eq!(a.attrs().qpn, qpn, "nothing changed");
+        assert_eq!(f.renewals(), 0);
+        drop(a);
+        assert_eq!(f.live_qps(), 0);
+    }
+
+    #[test]
     fn packet_buffers_are_recycled() {
         let f = fabric();
         let mut a = open(&f, "a");
