@@ -2138,7 +2138,7 @@ mod tests {
         let to_a = b.create_ah(&Gid::from_ipv4(A_IP)).unwrap();
         let old = b.attrs().qpn;
         // Registered as a poll source while renewing: the channel hears the new QP.
-        let mut poll = mio::Poll::new().unwrap();
+        let poll = mio::Poll::new().unwrap();
         b.register(poll.registry(), mio::Token(1), mio::Token(2))
             .unwrap();
         assert_eq!((f.opens(), f.renewals()), (2, 0));
