@@ -364,7 +364,13 @@ impl Shell {
             self.exits_tx.clone(),
         ) {
             Ok(p) => {
+                let spawned = self.last_start.elapsed();
                 self.carrier(true);
+                tracing::info!(
+                    iface = %self.s.name, spawn_ms = ms(spawned),
+                    carrier_ms = ms(self.last_start.elapsed() - spawned),
+                    "poller started, carrier on"
+                );
                 Some(p)
             }
             Err(e) => {

@@ -363,6 +363,10 @@ impl RdmaEndpoint {
         if self.torn_down {
             return Err(VerbsError::RenewRefused("the endpoint is closed".into()));
         }
+        // Where the time goes (logged): each step's end, from `t0`.
+        let t0 = std::time::Instant::now();
+        let mut marks = [0.0f64; 8];
+        let mut mark = |i: usize| marks[i] = t0.elapsed().as_secs_f64() * 1e3;
         // Re-read the port and the GID table (they move after port flaps and re-adds):
         // the registered slots are sized for the old MTU and the GID is our address.
         let cfg = &self.cfg;
@@ -389,8 +393,10 @@ impl RdmaEndpoint {
                 self.attrs.gid_index
             )));
         }
+        mark(0);
         let recv_cq = Cq::create(&self.ctx, self.attrs.recv_slots, &self.channel, &self.log)?;
         let send_cq = Cq::create(&self.ctx, self.attrs.send_slots, &self.channel, &self.log)?;
+        mark(1);
         let req = QpRequest {
             max_send_wr: self.attrs.send_slots,
             max_recv_wr: self.attrs.recv_slots,
@@ -401,7 +407,9 @@ impl RdmaEndpoint {
             },
         };
         let (qp, caps) = Qp::create_ud(&self.pd, &send_cq, &recv_cq, &req, &self.log)?;
+        mark(2);
         bring_up(&qp, &self.cfg)?;
+        mark(3);
         // Events of the old CQs still queued on the channel: take and acknowledge them
         // (an unacknowledged event makes ibv_destroy_cq wait forever; the kernel drops
         // the unread ones of a destroyed CQ itself).
@@ -412,6 +420,7 @@ impl RdmaEndpoint {
                 first.get_or_insert(e);
             }
         };
+        mark(4);
         // rxe refuses to destroy a QP that is still attached (EBUSY): detach first.
         for join in std::mem::take(&mut self.mcast) {
             keep(
@@ -419,12 +428,15 @@ impl RdmaEndpoint {
                     .destroyed("ibv_detach_mcast", detach_raw(&self.qp, &join.gid)),
             );
         }
+        mark(5);
         let mut old_qp = std::mem::replace(&mut self.qp, qp);
         let mut old_recv = std::mem::replace(&mut self.recv_cq, recv_cq);
         let mut old_send = std::mem::replace(&mut self.send_cq, send_cq);
         keep(old_qp.close());
+        mark(6);
         keep(old_recv.close());
         keep(old_send.close());
+        mark(7);
         self.recvs_in_flight = 0;
         self.sends_in_flight = 0;
         let old_qpn = self.attrs.qpn;
@@ -432,9 +444,21 @@ impl RdmaEndpoint {
         if req.max_inline_data != 0 {
             self.attrs.max_inline = caps.max_inline_data;
         }
+        let [
+            port_ms,
+            cqs_ms,
+            qp_ms,
+            rts_ms,
+            events_ms,
+            detach_ms,
+            destroy_qp_ms,
+            destroy_cqs_ms,
+        ] = marks;
         tracing::info!(
             device = %self.attrs.device, old_qpn, qpn = self.attrs.qpn,
-            "verbs endpoint renewed: new QP and CQs, context, PD, MR and channel kept"
+            port_ms, cqs_ms, qp_ms, rts_ms, events_ms, detach_ms, destroy_qp_ms, destroy_cqs_ms,
+            "verbs endpoint renewed: new QP and CQs, context, PD, MR and channel kept \
+             (ms since the start of the renewal at the end of each step)"
         );
         match first {
             None => Ok(()),
