@@ -234,6 +234,30 @@ pub struct Teardown {
     pub renew: Duration,
 }
 
+/// An endpoint kept across a restart by [`Interface::recycle`] (QP and CQs renewed),
+/// with the broadcast group's address handle, for [`Interface::reopen`].
+pub struct KeptEndpoint {
+    ep: Box<dyn Endpoint>,
+    group_ah: AhHandle,
+}
+
+impl KeptEndpoint {
+    /// Close it instead of reopening on it. Its address handles go with it, so the
+    /// neighbour table (which still names them) forgets them; they are counted as
+    /// destroyed.
+    pub fn close(self, neigh: Option<&mut Neighbours>, stats: &Stats) {
+        forget_ahs(neigh, stats);
+        drop(self.ep);
+    }
+}
+
+/// The endpoint that owned the neighbours' address handles (and the group's) is gone:
+/// forget them and count them destroyed.
+fn forget_ahs(neigh: Option<&mut Neighbours>, stats: &Stats) {
+    let n = neigh.map_or(0, |n| n.take_ahs().len() as u64);
+    stats::add(&stats.ah_destroyed, n + 1);
+}
+
 /// Where the time of [`Interface::open`] / [`Interface::reopen`] went.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OpenTimes {
@@ -299,20 +323,37 @@ impl Interface {
         let start = Instant::now();
         let ep = provider.open(&p.endpoint)?;
         let opened = start.elapsed();
-        Self::on_endpoint(ep, opened, p, stats, epoch, neigh)
+        Self::on_endpoint(ep, None, opened, p, stats, epoch, neigh)
     }
 
     /// Like [`Interface::open`] on an endpoint kept from the previous epoch by
     /// [`Interface::recycle`] (its QP and CQs are new; context, PD, memory and channel
-    /// are the old ones). On failure the endpoint is closed.
+    /// are the old ones), with the neighbour table `recycle` returned (whose address
+    /// handles live on that endpoint). On failure the endpoint is closed and the table
+    /// forgets its AHs.
     pub fn reopen(
-        ep: Box<dyn Endpoint>,
+        kept: KeptEndpoint,
         p: &Params,
         stats: Arc<Stats>,
         epoch: u16,
         neigh: &mut Option<Neighbours>,
     ) -> Result<Interface, OpenError> {
-        Self::on_endpoint(ep, Duration::ZERO, p, stats, epoch, neigh)
+        let st = stats.clone();
+        let r = Self::on_endpoint(
+            kept.ep,
+            Some(kept.group_ah),
+            Duration::ZERO,
+            p,
+            stats,
+            epoch,
+            neigh,
+        );
+        if r.is_err() {
+            // The endpoint was closed with its AHs; the neighbours still name theirs
+            // unless the table went with a failed epoch.
+            forget_ahs(neigh.as_mut(), &st);
+        }
+        r
     }
 
     /// Where the time of this epoch's open went.
@@ -322,6 +363,7 @@ impl Interface {
 
     fn on_endpoint(
         mut ep: Box<dyn Endpoint>,
+        group_ah: Option<AhHandle>,
         opened: Duration,
         p: &Params,
         stats: Arc<Stats>,
@@ -346,7 +388,14 @@ impl Interface {
             None => max_mtu,
         };
         let t = Instant::now();
-        let group_ah = ep.create_ah(&p.group)?;
+        let group_ah = match group_ah {
+            Some(ah) => ah,
+            None => {
+                let ah = ep.create_ah(&p.group)?;
+                stats::add(&stats.ah_created, 1);
+                ah
+            }
+        };
         times.ah = t.elapsed();
         let t = Instant::now();
         ep.attach_mcast(&p.group)?;
@@ -383,7 +432,6 @@ impl Interface {
             open_times: times,
             ep,
         };
-        stats::add(&iface.stats.ah_created, 1);
         stats::set(&iface.stats.qpn, u64::from(a.qpn));
         stats::set(&iface.stats.mtu, mtu as u64);
         stats::set(&iface.stats.recv_ring, u64::from(a.recv_slots));
@@ -980,14 +1028,15 @@ impl Interface {
 
     /// Like [`Interface::shutdown`], but instead of destroying the endpoint, replace its
     /// QP and CQs ([`Endpoint::renew`]) and hand it back for [`Interface::reopen`]:
-    /// device context, PD, registered memory and completion channel survive. What was
+    /// device context, PD, registered memory, completion channel, the broadcast group's
+    /// membership and the neighbours' address handles survive. What was
     /// posted on the old QP is reaped exactly as after a full teardown (the old QP and
     /// CQs are destroyed, so no completion of this epoch can come). If the renewal fails
     /// the endpoint is closed (`None`): open a new one.
     ///
     /// Not for a lost device: use [`Interface::shutdown`] then, which closes everything
     /// at once (a removal waits for every context on the device to close).
-    pub fn recycle(self, deadline: Duration) -> (Teardown, Neighbours, Option<Box<dyn Endpoint>>) {
+    pub fn recycle(self, deadline: Duration) -> (Teardown, Neighbours, Option<KeptEndpoint>) {
         self.teardown(deadline, true)
     }
 
@@ -995,7 +1044,7 @@ impl Interface {
         mut self,
         deadline: Duration,
         keep: bool,
-    ) -> (Teardown, Neighbours, Option<Box<dyn Endpoint>>) {
+    ) -> (Teardown, Neighbours, Option<KeptEndpoint>) {
         let mut t = Teardown {
             reaped: 0,
             sends_reaped: 0,
@@ -1029,6 +1078,11 @@ impl Interface {
         }
         t.drain = start.elapsed();
         let destroy_start = Instant::now();
+        // Kept, the endpoint moves the group over to its new QP itself and its address
+        // handles stay valid: only the retiring ones go.
+        if keep {
+            return self.teardown_keep(t, destroy_start, flushed_before);
+        }
         if self.group_attached {
             if let Err(e) = self.ep.detach_mcast(&self.group) {
                 t.errors += 1;
@@ -1050,57 +1104,81 @@ impl Interface {
                 }
             }
         }
-        // The endpoint goes first (QP, CQs, channel, MR, PD, context), or, kept, its QP
-        // and CQs are replaced: after that no completion can come for anything still
-        // posted, so it is reaped.
-        let mut ep = self.ep;
-        let kept = if keep {
-            let renew_start = Instant::now();
-            let renewed = ep.renew();
-            t.renew = renew_start.elapsed();
-            match renewed {
-                Ok(()) => Some(ep),
+        // The endpoint goes first (QP, CQs, channel, MR, PD, context): after that no
+        // completion can come for anything still posted, so it is reaped.
+        drop(self.ep);
+        t.destroy = destroy_start.elapsed();
+        Self::reap(&mut self.ledger, &self.stats, &mut t, flushed_before);
+        (t, self.neigh, None)
+    }
+
+    /// The rest of a teardown that keeps the endpoint: retiring AHs destroyed, the QP and
+    /// CQs renewed (after which no completion can come for anything still posted, so it
+    /// is reaped), the live AHs and the group kept. If the renewal fails, everything is
+    /// destroyed as in a full teardown.
+    fn teardown_keep(
+        mut self,
+        mut t: Teardown,
+        destroy_start: Instant,
+        flushed_before: u64,
+    ) -> (Teardown, Neighbours, Option<KeptEndpoint>) {
+        let mut ahs = self.neigh.take_retiring_ahs();
+        ahs.append(&mut self.destroy);
+        for ah in ahs {
+            match self.ep.destroy_ah(ah) {
+                Ok(()) => stats::add(&self.stats.ah_destroyed, 1),
                 Err(e) => {
-                    tracing::warn!(error = %e, "renewing the endpoint failed: closing it (the next epoch opens the device again)");
-                    drop(ep);
-                    None
+                    t.errors += 1;
+                    tracing::warn!(error = %e, "destroying an address handle failed");
                 }
             }
-        } else {
-            drop(ep);
-            None
+        }
+        let renew_start = Instant::now();
+        let renewed = self.ep.renew();
+        t.renew = renew_start.elapsed();
+        let kept = match renewed {
+            Ok(()) => Some(KeptEndpoint {
+                ep: self.ep,
+                group_ah: self.group_ah,
+            }),
+            Err(e) => {
+                tracing::warn!(error = %e, "renewing the endpoint failed: closing it (the next epoch opens the device again)");
+                // Dropping it detaches the group and destroys every AH with it; the
+                // neighbours forget theirs.
+                forget_ahs(Some(&mut self.neigh), &self.stats);
+                drop(self.ep);
+                None
+            }
         };
         t.kept = kept.is_some();
         t.destroy = destroy_start.elapsed();
+        Self::reap(&mut self.ledger, &self.stats, &mut t, flushed_before);
+        (t, self.neigh, kept)
+    }
+
+    /// Reap what never completed and check the ledger (the endpoint is gone or renewed).
+    /// Takes the parts it needs: the endpoint has been moved out by then.
+    fn reap(ledger: &mut Ledger, stats: &Stats, t: &mut Teardown, flushed_before: u64) {
         // Sends reaped never completed: whether they left is unknown, so each is counted
         // as dropped with reason `reaped`.
-        for _ in self.ledger.reap_all() {
-            self.stats.count_drop(DropReason::TxReaped);
+        for _ in ledger.reap_all() {
+            stats.count_drop(DropReason::TxReaped);
             t.sends_reaped += 1;
         }
-        t.reaped = self.ledger.totals(Ring::Recv).reaped + self.ledger.totals(Ring::Send).reaped;
-        t.flushed = stats::get(&self.stats.recv_flushed) + stats::get(&self.stats.send_flushed)
-            - flushed_before;
-        stats::add(
-            &self.stats.recv_reaped,
-            self.ledger.totals(Ring::Recv).reaped,
-        );
-        stats::add(
-            &self.stats.send_reaped,
-            self.ledger.totals(Ring::Send).reaped,
-        );
-        t.ledger = self.ledger.check();
+        t.reaped = ledger.totals(Ring::Recv).reaped + ledger.totals(Ring::Send).reaped;
+        t.flushed =
+            stats::get(&stats.recv_flushed) + stats::get(&stats.send_flushed) - flushed_before;
+        stats::add(&stats.recv_reaped, ledger.totals(Ring::Recv).reaped);
+        stats::add(&stats.send_reaped, ledger.totals(Ring::Send).reaped);
+        t.ledger = ledger.check();
         if t.ledger.is_ok()
-            && self.ledger.totals(Ring::Recv).outstanding
-                + self.ledger.totals(Ring::Send).outstanding
-                != 0
+            && ledger.totals(Ring::Recv).outstanding + ledger.totals(Ring::Send).outstanding != 0
         {
             t.ledger = Err("work requests still outstanding after the reap".into());
         }
-        stats::add(&self.stats.teardown_errors, t.errors);
-        stats::set(&self.stats.recv_outstanding, 0);
-        stats::set(&self.stats.send_outstanding, 0);
-        (t, self.neigh, kept)
+        stats::add(&stats.teardown_errors, t.errors);
+        stats::set(&stats.recv_outstanding, 0);
+        stats::set(&stats.send_outstanding, 0);
     }
 
     fn outstanding(&self) -> u64 {

@@ -29,12 +29,12 @@ use crossbeam_channel::{Receiver, Sender, select, unbounded};
 use serde::{Deserialize, Serialize};
 
 use crate::config::RestartPolicy;
-use crate::datapath::{FLUSH_DEADLINE, Failure, Interface, OpenError, Params};
+use crate::datapath::{FLUSH_DEADLINE, Failure, Interface, KeptEndpoint, OpenError, Params};
 use crate::neigh::Neighbours;
 use crate::poller::{Exit, Poller};
 use crate::stats::{self, Snapshot, Stats};
 use crate::tap::TapDevice;
-use crate::verbs::{Endpoint, Provider, VerbsError};
+use crate::verbs::{Provider, VerbsError};
 
 /// An interface that ran this long since its last restart is healthy again: the next
 /// failure restarts it at once instead of backing off.
@@ -299,7 +299,7 @@ struct Shell {
     last_ledger: Result<(), String>,
     dead_device_lost: bool,
     /// The endpoint the last teardown kept (QP and CQs renewed) for the next epoch.
-    kept: Option<Box<dyn Endpoint>>,
+    kept: Option<KeptEndpoint>,
 }
 
 enum Wait {
@@ -519,7 +519,9 @@ impl Shell {
         };
         if self.breaker.record(Instant::now()) {
             // Dead: nothing of the device is held until it is revived.
-            self.kept = None;
+            if let Some(k) = self.kept.take() {
+                k.close(self.neigh.as_mut(), &self.s.stats);
+            }
             let why = format!(
                 "{} restarts within {:?} (last cause: {})",
                 self.s.policy.max_restarts + 1,
@@ -557,9 +559,9 @@ impl Shell {
     /// and CQs are new), else by opening the device.
     fn open_epoch(&mut self) -> Result<Interface, OpenError> {
         let epoch = self.epoch.wrapping_add(1).max(1);
-        if let Some(ep) = self.kept.take() {
+        if let Some(kept) = self.kept.take() {
             match Interface::reopen(
-                ep,
+                kept,
                 &self.s.params,
                 self.s.stats.clone(),
                 epoch,

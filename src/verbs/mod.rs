@@ -439,9 +439,12 @@ pub trait Endpoint: Send {
     ///
     /// Every work request posted on the old QP is gone with it: no completion will ever
     /// come for it (the caller reaps it), and none of the old CQs' can be polled. Pending
-    /// completion events of the old CQs are taken and acknowledged. Multicast groups
-    /// still attached are detached (the caller attaches the new QP afresh). The
-    /// endpoint must not be registered with a poll set while this runs.
+    /// completion events of the old CQs are taken and acknowledged. The multicast groups
+    /// of the old QP are joined by the new one before the old one leaves them (so the
+    /// device's and the IP stack's memberships never lapse); [`Endpoint::attach_mcast`]
+    /// of such a group afterwards is a no-op. Address handles stay valid (they belong to
+    /// the protection domain). The endpoint must not be registered with a poll set while
+    /// this runs.
     ///
     /// Before replacing anything the port is queried again: if its active MTU, or the
     /// GID this endpoint would choose now, differs from what it was opened with, this

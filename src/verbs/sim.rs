@@ -1305,8 +1305,8 @@ impl Endpoint for SimEndpoint {
 
 impl SimEndpoint {
     /// [`Endpoint::renew`]: a new QP (new number, empty queues and CQs) on the same
-    /// device, slot memory and address handles; the old QP leaves the fabric with its
-    /// multicast attachments, and what was posted on it never completes.
+    /// device, slot memory and address handles, in the old one's multicast groups; the
+    /// old QP leaves the fabric, and what was posted on it never completes.
     fn renew_qp(&mut self) -> Result<(), VerbsError> {
         let mut topo = write(&self.fabric.topo);
         let dev = &topo.devices[self.qp.device];
@@ -1324,8 +1324,11 @@ impl SimEndpoint {
         let qp = Arc::new(self.qp.renumbered(qpn));
         topo.next_qpn = qpn + 1;
         topo.qps.remove(&self.qp.qpn);
-        for g in self.groups.drain(..) {
-            detach(&mut topo, &g, self.qp.qpn);
+        // The new QP joins the old one's groups, which it then leaves.
+        for g in &self.groups {
+            let members = topo.groups.entry(*g).or_default();
+            members.push(Arc::clone(&qp));
+            members.retain(|m| m.qpn != self.qp.qpn);
         }
         topo.qps.insert(qpn, Arc::clone(&qp));
         drop(topo);
@@ -2147,7 +2150,14 @@ mod tests {
         let new = b.attrs().qpn;
         assert!(new > old, "a new QPN: {old} -> {new}");
         assert_eq!(f.live_qps(), 2);
-        assert_eq!(f.mcast_groups(), 0, "the old QP left the group");
+        // The new QP is in the group, the old one is not.
+        let members: Vec<u32> = read(&f.inner.topo).groups[&group]
+            .iter()
+            .map(|m| m.qpn)
+            .collect();
+        assert_eq!(members, vec![new]);
+        b.attach_mcast(&group).unwrap();
+        assert_eq!(read(&f.inner.topo).groups[&group].len(), 1, "no-op");
         // The slot memory is the same memory.
         assert_eq!(&b.send_buf(2)[..4], b"kept");
         // What was posted on the old QP never completes (the caller reaps it) ...

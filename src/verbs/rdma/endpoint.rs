@@ -349,10 +349,58 @@ impl RdmaEndpoint {
         Ok(Some(mapped))
     }
 
-    /// [`Endpoint::renew`]: new CQs and QP are created and brought up while the old ones
-    /// still exist, and swapped in only when all of that worked; then the old QP is
-    /// detached and destroyed with its CQs. On any failure before the swap nothing
-    /// changes; a failed destroy of the old objects is logged, counted and returned (the
+    /// Read every pending completion event, acknowledge them, and count those for `recv`
+    /// and `send` (the endpoint's CQs, or during a renewal the old ones).
+    fn take_cq_events_of(
+        &mut self,
+        recv: *mut ibv_cq,
+        send: *mut ibv_cq,
+    ) -> Result<(u32, u32), VerbsError> {
+        let (mut n_recv, mut n_send) = (0u32, 0u32);
+        let mut failure = None;
+        loop {
+            let mut cq: *mut ibv_cq = ptr::null_mut();
+            let mut cq_ctx: *mut c_void = ptr::null_mut();
+            // SAFETY: the channel is live and its fd nonblocking; both out-pointers are
+            // valid. No other thread reads this channel (`&mut self`).
+            let ret = unsafe { ibv_get_cq_event(self.channel.as_ptr(), &mut cq, &mut cq_ctx) };
+            if ret != 0 {
+                match last_errno() {
+                    libc::EAGAIN => break,
+                    libc::EINTR => continue,
+                    e => {
+                        failure = Some(VerbsError::verb("ibv_get_cq_event", e));
+                        break;
+                    }
+                }
+            }
+            if cq == recv {
+                n_recv = n_recv.saturating_add(1);
+            } else if cq == send {
+                n_send = n_send.saturating_add(1);
+            } else {
+                // Only our two CQs use this channel; nothing to acknowledge it against.
+                tracing::warn!("completion event for a CQ this endpoint does not own");
+            }
+        }
+        // Acknowledge in batch, on the error path too: an unacknowledged event makes
+        // ibv_destroy_cq wait forever.
+        for (cq, n) in [(recv, n_recv), (send, n_send)] {
+            if n > 0 {
+                // SAFETY: the CQ is live and `n` events were taken for it above.
+                unsafe { ibv_ack_cq_events(cq, n) };
+            }
+        }
+        match failure {
+            None => Ok((n_recv, n_send)),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// [`Endpoint::renew`]: new CQs and QP are created, brought up and attached to the
+    /// endpoint's multicast groups while the old ones still exist, and swapped in only
+    /// when all of that worked; then the old QP is detached and destroyed with its CQs.
+    /// On any failure before the swap nothing changes; a failed destroy of the old objects is logged, counted and returned (the
     /// object is forgotten, the new ones are in place).
     fn renew_queues(&mut self) -> Result<(), VerbsError> {
         if let Some(ev) = self.lost {
@@ -410,30 +458,51 @@ impl RdmaEndpoint {
         mark(2);
         bring_up(&qp, &self.cfg)?;
         mark(3);
-        // Events of the old CQs still queued on the channel: take and acknowledge them
-        // (an unacknowledged event makes ibv_destroy_cq wait forever; the kernel drops
-        // the unread ones of a destroyed CQ itself).
-        let events = self.take_cq_events();
-        let mut first: Option<VerbsError> = events.err();
+        // The new QP joins every group before the old one leaves, so the device's group
+        // never empties: no multicast filter update on the netdev (rxe), and the IP-level
+        // memberships are kept as they are.
+        for (i, join) in self.mcast.iter().enumerate() {
+            let g = raw_gid(&join.gid);
+            // SAFETY: the new QP is live; `g` is a valid GID; LID 0 (RoCE has no LIDs).
+            let ret = unsafe { ibv_attach_mcast(qp.as_ptr(), &g, 0) };
+            if ret != 0 {
+                // Leave the new QP as unattached as it came, so that it can be destroyed.
+                for done in &self.mcast[..i] {
+                    let _ = self
+                        .log
+                        .destroyed("ibv_detach_mcast", detach_raw(&qp, &done.gid));
+                }
+                return Err(VerbsError::verb("ibv_attach_mcast", ret_errno(ret)));
+            }
+        }
+        mark(4);
+        let mut first: Option<VerbsError> = None;
         let mut keep = |r: Result<(), VerbsError>| {
             if let Err(e) = r {
                 first.get_or_insert(e);
             }
         };
-        mark(4);
-        // rxe refuses to destroy a QP that is still attached (EBUSY): detach first.
-        for join in std::mem::take(&mut self.mcast) {
-            keep(
-                self.log
-                    .destroyed("ibv_detach_mcast", detach_raw(&self.qp, &join.gid)),
-            );
-        }
-        mark(5);
         let mut old_qp = std::mem::replace(&mut self.qp, qp);
         let mut old_recv = std::mem::replace(&mut self.recv_cq, recv_cq);
         let mut old_send = std::mem::replace(&mut self.send_cq, send_cq);
+        // rxe refuses to destroy a QP that is still attached (EBUSY): detach first.
+        for join in &self.mcast {
+            keep(
+                self.log
+                    .destroyed("ibv_detach_mcast", detach_raw(&old_qp, &join.gid)),
+            );
+        }
+        mark(5);
         keep(old_qp.close());
         mark(6);
+        // With the old QP gone no completion (so no event) can reach the old CQs (and the
+        // new ones are not armed yet): take and acknowledge the events still queued for
+        // the old ones (an unacknowledged event
+        // makes ibv_destroy_cq wait forever; the kernel drops unread ones itself).
+        keep(
+            self.take_cq_events_of(old_recv.as_ptr(), old_send.as_ptr())
+                .map(|_| ()),
+        );
         keep(old_recv.close());
         keep(old_send.close());
         mark(7);
@@ -1047,47 +1116,8 @@ impl Endpoint for RdmaEndpoint {
     }
 
     fn take_cq_events(&mut self) -> Result<(u32, u32), VerbsError> {
-        let recv = self.recv_cq.as_ptr();
-        let send = self.send_cq.as_ptr();
-        let (mut n_recv, mut n_send) = (0u32, 0u32);
-        let mut failure = None;
-        loop {
-            let mut cq: *mut ibv_cq = ptr::null_mut();
-            let mut cq_ctx: *mut c_void = ptr::null_mut();
-            // SAFETY: the channel is live and its fd nonblocking; both out-pointers are
-            // valid. No other thread reads this channel (`&mut self`).
-            let ret = unsafe { ibv_get_cq_event(self.channel.as_ptr(), &mut cq, &mut cq_ctx) };
-            if ret != 0 {
-                match last_errno() {
-                    libc::EAGAIN => break,
-                    libc::EINTR => continue,
-                    e => {
-                        failure = Some(VerbsError::verb("ibv_get_cq_event", e));
-                        break;
-                    }
-                }
-            }
-            if cq == recv {
-                n_recv = n_recv.saturating_add(1);
-            } else if cq == send {
-                n_send = n_send.saturating_add(1);
-            } else {
-                // Only our two CQs use this channel; nothing to acknowledge it against.
-                tracing::warn!("completion event for a CQ this endpoint does not own");
-            }
-        }
-        // Acknowledge in batch, on the error path too: an unacknowledged event makes
-        // ibv_destroy_cq wait forever.
-        for (cq, n) in [(recv, n_recv), (send, n_send)] {
-            if n > 0 {
-                // SAFETY: the CQ is live and `n` events were taken for it above.
-                unsafe { ibv_ack_cq_events(cq, n) };
-            }
-        }
-        match failure {
-            None => Ok((n_recv, n_send)),
-            Some(e) => Err(e),
-        }
+        let (recv, send) = (self.recv_cq.as_ptr(), self.send_cq.as_ptr());
+        self.take_cq_events_of(recv, send)
     }
 
     fn next_async_event(&mut self) -> Result<Option<AsyncEvent>, VerbsError> {
