@@ -447,11 +447,16 @@ impl Interface {
         }
         iface.open_times.fill = t.elapsed();
         iface.sync_gauges();
-        tracing::info!(
-            device = %a.device, port = a.port, qpn = a.qpn, gid = %a.gid, gid_index = a.gid_index,
-            mtu, port_mtu = a.port_mtu, group = %p.group, epoch,
-            "interface open"
-        );
+        if opened.is_zero() {
+            // On a kept endpoint: the supervisor's summary line follows.
+            tracing::debug!(qpn = a.qpn, epoch, "interface open on the kept endpoint");
+        } else {
+            tracing::info!(
+                device = %a.device, port = a.port, qpn = a.qpn, gid = %a.gid, gid_index = a.gid_index,
+                mtu, port_mtu = a.port_mtu, group = %p.group, epoch,
+                "interface open"
+            );
+        }
         Ok(iface)
     }
 
@@ -990,6 +995,12 @@ impl Interface {
     /// Periodic work: age neighbours and destroy their idle AHs, re-resolve peers that
     /// went silent while in use, and run the send-stall watchdog.
     pub fn housekeeping(&mut self, now: Instant) -> Result<(), Failure> {
+        // The previous epoch's QP and CQs, if the endpoint kept them aside at the restart
+        // (a failure is counted by the provider; it does not stop the datapath).
+        if let Err(e) = self.ep.release_retired() {
+            stats::add(&self.stats.teardown_errors, 1);
+            tracing::warn!(error = %e, "destroying the previous epoch's QP or CQs failed");
+        }
         let before = self.neigh.evicted();
         self.neigh.expire(now, &mut self.destroy);
         stats::add(&self.stats.neigh_evicted, self.neigh.evicted() - before);

@@ -110,8 +110,16 @@ pub struct Phases {
     pub attach_ms: f64,
     /// Posting the receive ring.
     pub fill_ms: f64,
-    /// Starting the poller (thread, registration) and the carrier.
+    /// Starting the poller and turning the carrier on (of which `spawn_ms` and
+    /// `carrier_ms`).
     pub start_ms: f64,
+    /// Starting the poller: its poll set, registrations and thread (on one CPU the new
+    /// thread may run first: its gratuitous ARP is then in here too).
+    #[serde(default)]
+    pub spawn_ms: f64,
+    /// The TAP carrier on (`TUNSETCARRIER`).
+    #[serde(default)]
+    pub carrier_ms: f64,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -300,6 +308,8 @@ struct Shell {
     dead_device_lost: bool,
     /// The endpoint the last teardown kept (QP and CQs renewed) for the next epoch.
     kept: Option<KeptEndpoint>,
+    /// The last poller start: thread and registration, then the carrier.
+    last_spawn: (Duration, Duration),
 }
 
 enum Wait {
@@ -331,6 +341,7 @@ impl Shell {
             last_ledger: Ok(()),
             dead_device_lost: false,
             kept: None,
+            last_spawn: (Duration::ZERO, Duration::ZERO),
         }
     }
 
@@ -366,11 +377,7 @@ impl Shell {
             Ok(p) => {
                 let spawned = self.last_start.elapsed();
                 self.carrier(true);
-                tracing::info!(
-                    iface = %self.s.name, spawn_ms = ms(spawned),
-                    carrier_ms = ms(self.last_start.elapsed() - spawned),
-                    "poller started, carrier on"
-                );
+                self.last_spawn = (spawned, self.last_start.elapsed() - spawned);
                 Some(p)
             }
             Err(e) => {
@@ -490,13 +497,16 @@ impl Shell {
             }
         }
         self.last_ledger = t.ledger.clone();
-        tracing::info!(
-            iface = %self.s.name, reaped = t.reaped, sends_reaped = t.sends_reaped,
-            flushed = t.flushed, destroy_errors = t.errors, kept_device = t.kept,
-            handoff_ms = ms(handoff), drain_ms = ms(t.drain), destroy_ms = ms(t.destroy),
-            renew_ms = ms(t.renew),
-            "torn down"
-        );
+        // Kept, the rebuild follows at once and its summary line says all this: no log
+        // write on the critical path (in the lab a line costs milliseconds).
+        if !t.kept {
+            tracing::info!(
+                iface = %self.s.name, reaped = t.reaped, sends_reaped = t.sends_reaped,
+                flushed = t.flushed, destroy_errors = t.errors, kept_device = t.kept,
+                handoff_ms = ms(handoff), drain_ms = ms(t.drain), destroy_ms = ms(t.destroy),
+                "torn down"
+            );
+        }
         let mut record = RestartRecord {
             epoch: self.epoch.wrapping_add(1),
             cause: cause.kind().into(),
@@ -601,14 +611,24 @@ impl Shell {
         }
         self.epoch = self.epoch.wrapping_add(1).max(1);
         let epoch = self.epoch;
+        let live = Instant::now();
         let p = self.start_poller(iface)?;
+        record.recovery_ms = ms(detected.elapsed());
         record.epoch = epoch;
-        record.recovery_ms = detected.elapsed().as_secs_f64() * 1e3;
+        record.phases.start_ms = ms(live.elapsed());
+        record.phases.spawn_ms = ms(self.last_spawn.0);
+        record.phases.carrier_ms = ms(self.last_spawn.1);
         stats::add(&self.s.stats.restarts, 1);
         if let Ok(mut st) = self.s.status.lock() {
             st.restarts += 1;
         }
-        tracing::info!(iface = %self.s.name, epoch, recovery_ms = record.recovery_ms, "interface running again");
+        tracing::info!(
+            iface = %self.s.name, epoch, recovery_ms = record.recovery_ms,
+            kept_device = record.kept_device, reaped = record.wr_reaped,
+            sends_reaped = record.sends_reaped, flushed = record.flushed,
+            ledger_balanced = record.ledger_balanced, phases = ?record.phases,
+            "interface running again"
+        );
         Some(p)
     }
 
@@ -639,14 +659,7 @@ impl Shell {
                     p.attach_ms = ms(o.attach);
                     p.fill_ms = ms(o.fill);
                     record.kept_device = kept && o.open.is_zero();
-                    let live = Instant::now();
-                    let p = self.go_live(iface, record, detected);
-                    record.phases.start_ms = ms(live.elapsed());
-                    tracing::info!(
-                        iface = %self.s.name, kept_device = record.kept_device,
-                        phases = ?record.phases, "recovery phases (ms)"
-                    );
-                    return p;
+                    return self.go_live(iface, record, detected);
                 }
                 Err(e) => {
                     record.failed_attempts += 1;

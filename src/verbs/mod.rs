@@ -453,4 +453,14 @@ pub trait Endpoint: Send {
     /// caller drops the endpoint and opens a new one (the old QP, in whatever state, is
     /// still the endpoint's, so dropping it is always sound).
     fn renew(&mut self) -> Result<(), VerbsError>;
+
+    /// Destroy the QP and CQs the last [`Endpoint::renew`] replaced, if the provider kept
+    /// them aside (the real one does: destroying a QP and its CQs costs milliseconds under
+    /// emulation, so it is done after the interface is running again; until then the old
+    /// QP is in the error state, in no group, and never polled). Cheap when there is
+    /// nothing to release; a failure is logged and counted by the provider. Dropping the
+    /// endpoint releases them too.
+    fn release_retired(&mut self) -> Result<(), VerbsError> {
+        Ok(())
+    }
 }

@@ -46,6 +46,16 @@ const REQUESTED_MAX_INLINE: u32 = 128;
 /// common IP default, ample for any data-centre path.
 const AH_HOP_LIMIT: u8 = 64;
 
+/// A QP and its CQs replaced by a renewal, waiting to be destroyed: the QP is in the
+/// error state and in no multicast group, and nothing polls the CQs. A QP in the error
+/// state processes no incoming packet (IBA; rxe drops them), so the slot memory its
+/// receive queue still names is never written through it.
+struct Retired {
+    qp: Qp,
+    recv_cq: Cq,
+    send_cq: Cq,
+}
+
 /// One multicast group the QP is attached to.
 struct McastJoin {
     gid: Gid,
@@ -98,6 +108,9 @@ pub struct RdmaEndpoint {
     /// removal is seen only through DEVICE_FATAL, on drivers that send it). First to go:
     /// the kernel's removal waits for it before it waits for the verbs contexts.
     watcher: Option<RemovalWatcher>,
+    /// The QP and CQs of the previous epoch after a renewal, until released (first to
+    /// go in a teardown: they depend on the PD, channel and context like the live ones).
+    retired: Option<Retired>,
     mcast: Vec<McastJoin>,
     ahs: Vec<Option<Ah>>,
     qp: Qp,
@@ -241,6 +254,7 @@ impl RdmaEndpoint {
             recv_sges: (0..recv_n).map(|_| zeroed()).collect(),
             wcs: (0..wc_n).map(|_| zeroed()).collect(),
             watcher,
+            retired: None,
             mcast: Vec::new(),
             ahs: Vec::new(),
             qp,
@@ -378,9 +392,15 @@ impl RdmaEndpoint {
                 n_recv = n_recv.saturating_add(1);
             } else if cq == send {
                 n_send = n_send.saturating_add(1);
-            } else {
-                // Only our two CQs use this channel; nothing to acknowledge it against.
-                tracing::warn!("completion event for a CQ this endpoint does not own");
+            } else if !cq.is_null() {
+                // Another CQ of this channel: one a renewal retired (events of its last
+                // completions may still come until it is destroyed). Acknowledge it at
+                // once so that destroying it never waits; it means nothing to the
+                // current QP.
+                // SAFETY: only this endpoint's CQs use this channel, and a CQ whose
+                // events are not all acknowledged is still live (ibv_destroy_cq waits
+                // for them), so `cq` is live.
+                unsafe { ibv_ack_cq_events(cq, 1) };
             }
         }
         // Acknowledge in batch, on the error path too: an unacknowledged event makes
@@ -397,9 +417,31 @@ impl RdmaEndpoint {
         }
     }
 
+    /// Destroy the QP and CQs a renewal retired, if any: the QP first, then its CQs. A
+    /// failure is logged, counted and returned (the objects are forgotten either way).
+    fn release_retired_queues(&mut self) -> Result<(), VerbsError> {
+        let Some(mut r) = self.retired.take() else {
+            return Ok(());
+        };
+        let start = std::time::Instant::now();
+        let qp = r.qp.close();
+        let qp_ms = start.elapsed().as_secs_f64() * 1e3;
+        // No event of the old CQs is left unacknowledged: `take_cq_events_of`
+        // acknowledges the events of any CQ at once, and the kernel drops unread ones.
+        let recv = r.recv_cq.close();
+        let send = r.send_cq.close();
+        tracing::debug!(
+            qp_ms,
+            total_ms = start.elapsed().as_secs_f64() * 1e3,
+            "retired QP and CQs destroyed"
+        );
+        qp.and(recv).and(send)
+    }
+
     /// [`Endpoint::renew`]: new CQs and QP are created, brought up and attached to the
     /// endpoint's multicast groups while the old ones still exist, and swapped in only
-    /// when all of that worked; then the old QP is detached and destroyed with its CQs.
+    /// when all of that worked; then the old QP is detached and kept aside with its CQs
+    /// (`retired`) until `Endpoint::release_retired`.
     /// On any failure before the swap nothing changes; a failed destroy of the old objects is logged, counted and returned (the
     /// object is forgotten, the new ones are in place).
     fn renew_queues(&mut self) -> Result<(), VerbsError> {
@@ -413,8 +455,11 @@ impl RdmaEndpoint {
         }
         // Where the time goes (logged): each step's end, from `t0`.
         let t0 = std::time::Instant::now();
-        let mut marks = [0.0f64; 8];
+        let mut marks = [0.0f64; 7];
         let mut mark = |i: usize| marks[i] = t0.elapsed().as_secs_f64() * 1e3;
+        // The QP and CQs retired by the previous renewal, if nobody released them yet.
+        let mut first: Option<VerbsError> = self.release_retired_queues().err();
+        mark(0);
         // Re-read the port and the GID table (they move after port flaps and re-adds):
         // the registered slots are sized for the old MTU and the GID is our address.
         let cfg = &self.cfg;
@@ -441,10 +486,10 @@ impl RdmaEndpoint {
                 self.attrs.gid_index
             )));
         }
-        mark(0);
+        mark(1);
         let recv_cq = Cq::create(&self.ctx, self.attrs.recv_slots, &self.channel, &self.log)?;
         let send_cq = Cq::create(&self.ctx, self.attrs.send_slots, &self.channel, &self.log)?;
-        mark(1);
+        mark(2);
         let req = QpRequest {
             max_send_wr: self.attrs.send_slots,
             max_recv_wr: self.attrs.recv_slots,
@@ -455,9 +500,9 @@ impl RdmaEndpoint {
             },
         };
         let (qp, caps) = Qp::create_ud(&self.pd, &send_cq, &recv_cq, &req, &self.log)?;
-        mark(2);
-        bring_up(&qp, &self.cfg)?;
         mark(3);
+        bring_up(&qp, &self.cfg)?;
+        mark(4);
         // The new QP joins every group before the old one leaves, so the device's group
         // never empties: no multicast filter update on the netdev (rxe), and the IP-level
         // memberships are kept as they are.
@@ -475,16 +520,15 @@ impl RdmaEndpoint {
                 return Err(VerbsError::verb("ibv_attach_mcast", ret_errno(ret)));
             }
         }
-        mark(4);
-        let mut first: Option<VerbsError> = None;
+        mark(5);
         let mut keep = |r: Result<(), VerbsError>| {
             if let Err(e) = r {
                 first.get_or_insert(e);
             }
         };
-        let mut old_qp = std::mem::replace(&mut self.qp, qp);
-        let mut old_recv = std::mem::replace(&mut self.recv_cq, recv_cq);
-        let mut old_send = std::mem::replace(&mut self.send_cq, send_cq);
+        let old_qp = std::mem::replace(&mut self.qp, qp);
+        let old_recv = std::mem::replace(&mut self.recv_cq, recv_cq);
+        let old_send = std::mem::replace(&mut self.send_cq, send_cq);
         // rxe refuses to destroy a QP that is still attached (EBUSY): detach first.
         for join in &self.mcast {
             keep(
@@ -492,20 +536,14 @@ impl RdmaEndpoint {
                     .destroyed("ibv_detach_mcast", detach_raw(&old_qp, &join.gid)),
             );
         }
-        mark(5);
-        keep(old_qp.close());
         mark(6);
-        // With the old QP gone no completion (so no event) can reach the old CQs (and the
-        // new ones are not armed yet): take and acknowledge the events still queued for
-        // the old ones (an unacknowledged event
-        // makes ibv_destroy_cq wait forever; the kernel drops unread ones itself).
-        keep(
-            self.take_cq_events_of(old_recv.as_ptr(), old_send.as_ptr())
-                .map(|_| ()),
-        );
-        keep(old_recv.close());
-        keep(old_send.close());
-        mark(7);
+        // The old QP (in the error state, in no group, never polled again) and its CQs
+        // are destroyed later, by `release_retired`, off the restart's critical path.
+        self.retired = Some(Retired {
+            qp: old_qp,
+            recv_cq: old_recv,
+            send_cq: old_send,
+        });
         self.recvs_in_flight = 0;
         self.sends_in_flight = 0;
         let old_qpn = self.attrs.qpn;
@@ -514,18 +552,17 @@ impl RdmaEndpoint {
             self.attrs.max_inline = caps.max_inline_data;
         }
         let [
+            prev_ms,
             port_ms,
             cqs_ms,
             qp_ms,
             rts_ms,
-            events_ms,
+            attach_ms,
             detach_ms,
-            destroy_qp_ms,
-            destroy_cqs_ms,
         ] = marks;
-        tracing::info!(
+        tracing::debug!(
             device = %self.attrs.device, old_qpn, qpn = self.attrs.qpn,
-            port_ms, cqs_ms, qp_ms, rts_ms, events_ms, detach_ms, destroy_qp_ms, destroy_cqs_ms,
+            prev_ms, port_ms, cqs_ms, qp_ms, rts_ms, attach_ms, detach_ms,
             "verbs endpoint renewed: new QP and CQs, context, PD, MR and channel kept \
              (ms since the start of the renewal at the end of each step)"
         );
@@ -552,6 +589,7 @@ impl RdmaEndpoint {
         if let Some(mut w) = self.watcher.take() {
             let _ = w.close();
         }
+        keep(self.release_retired_queues());
         // rxe refuses to destroy a QP that is still attached (EBUSY): detach first.
         for join in std::mem::take(&mut self.mcast) {
             keep(
@@ -1235,6 +1273,10 @@ impl Endpoint for RdmaEndpoint {
 
     fn renew(&mut self) -> Result<(), VerbsError> {
         self.renew_queues()
+    }
+
+    fn release_retired(&mut self) -> Result<(), VerbsError> {
+        self.release_retired_queues()
     }
 }
 
