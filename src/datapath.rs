@@ -995,11 +995,11 @@ impl Interface {
     /// Periodic work: age neighbours and destroy their idle AHs, re-resolve peers that
     /// went silent while in use, and run the send-stall watchdog.
     pub fn housekeeping(&mut self, now: Instant) -> Result<(), Failure> {
-        // The previous epoch's QP and CQs, if the endpoint kept them aside at the restart
-        // (a failure is counted by the provider; it does not stop the datapath).
-        if let Err(e) = self.ep.release_retired() {
+        // The previous epoch's QP and CQs go, the next restart's are made (a failure is
+        // counted; it does not stop the datapath, and a renewal makes what is missing).
+        if let Err(e) = self.ep.maintain() {
             stats::add(&self.stats.teardown_errors, 1);
-            tracing::warn!(error = %e, "destroying the previous epoch's QP or CQs failed");
+            tracing::warn!(error = %e, "endpoint maintenance (retired or spare QP and CQs) failed");
         }
         let before = self.neigh.evicted();
         self.neigh.expire(now, &mut self.destroy);

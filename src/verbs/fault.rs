@@ -813,8 +813,8 @@ impl Endpoint for FaultyEndpoint {
     fn set_qp_error(&mut self) -> Result<(), VerbsError> {
         self.inner.set_qp_error()
     }
-    fn release_retired(&mut self) -> Result<(), VerbsError> {
-        self.inner.release_retired()
+    fn maintain(&mut self) -> Result<(), VerbsError> {
+        self.inner.maintain()
     }
     /// Refused while the device is hidden or after this endpoint delivered a device loss;
     /// else the inner endpoint renews, and this endpoint's per-QP fault state (a failed

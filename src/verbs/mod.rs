@@ -454,13 +454,16 @@ pub trait Endpoint: Send {
     /// still the endpoint's, so dropping it is always sound).
     fn renew(&mut self) -> Result<(), VerbsError>;
 
-    /// Destroy the QP and CQs the last [`Endpoint::renew`] replaced, if the provider kept
-    /// them aside (the real one does: destroying a QP and its CQs costs milliseconds under
-    /// emulation, so it is done after the interface is running again; until then the old
-    /// QP is in the error state, in no group, and never polled). Cheap when there is
-    /// nothing to release; a failure is logged and counted by the provider. Dropping the
-    /// endpoint releases them too.
-    fn release_retired(&mut self) -> Result<(), VerbsError> {
+    /// Housekeeping between restarts, off their critical path (the datapath calls it
+    /// from its periodic housekeeping): destroy the QP and CQs the last
+    /// [`Endpoint::renew`] replaced, if the provider kept them aside, and prepare the QP
+    /// and CQs the next `renew` will use, if it makes them ahead. The real provider does
+    /// both: creating and destroying a 4096-entry CQ and its QP costs milliseconds under
+    /// emulation. A retired QP is in the error state, in no group and never polled; a
+    /// spare one is in RTS with nothing posted and its CQs unarmed. Cheap when there is
+    /// nothing to do; a failure is logged and counted by the provider. Dropping the
+    /// endpoint destroys both.
+    fn maintain(&mut self) -> Result<(), VerbsError> {
         Ok(())
     }
 }

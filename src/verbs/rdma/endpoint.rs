@@ -56,6 +56,16 @@ struct Retired {
     send_cq: Cq,
 }
 
+/// A UD QP in RTS on its own two CQs, made ahead of a renewal by `maintain` and not used
+/// until then: nothing posted, in no group, the CQs not armed.
+struct Queues {
+    qp: Qp,
+    recv_cq: Cq,
+    send_cq: Cq,
+    /// The inline size the QP was granted (0 without inline).
+    max_inline: u32,
+}
+
 /// One multicast group the QP is attached to.
 struct McastJoin {
     gid: Gid,
@@ -111,6 +121,8 @@ pub struct RdmaEndpoint {
     /// The QP and CQs of the previous epoch after a renewal, until released (first to
     /// go in a teardown: they depend on the PD, channel and context like the live ones).
     retired: Option<Retired>,
+    /// The QP and CQs the next renewal will use, prepared by `maintain`.
+    spare: Option<Queues>,
     mcast: Vec<McastJoin>,
     ahs: Vec<Option<Ah>>,
     qp: Qp,
@@ -255,6 +267,7 @@ impl RdmaEndpoint {
             wcs: (0..wc_n).map(|_| zeroed()).collect(),
             watcher,
             retired: None,
+            spare: None,
             mcast: Vec::new(),
             ahs: Vec::new(),
             qp,
@@ -438,10 +451,53 @@ impl RdmaEndpoint {
         qp.and(recv).and(send)
     }
 
+    /// A receive and a send CQ on the endpoint's channel and a UD QP on them in RTS, as
+    /// at open (the same depths and inline request).
+    fn create_queues(&self) -> Result<Queues, VerbsError> {
+        let recv_cq = Cq::create(&self.ctx, self.attrs.recv_slots, &self.channel, &self.log)?;
+        let send_cq = Cq::create(&self.ctx, self.attrs.send_slots, &self.channel, &self.log)?;
+        let req = QpRequest {
+            max_send_wr: self.attrs.send_slots,
+            max_recv_wr: self.attrs.recv_slots,
+            max_inline_data: if self.attrs.max_inline == 0 {
+                0
+            } else {
+                REQUESTED_MAX_INLINE
+            },
+        };
+        let (qp, caps) = Qp::create_ud(&self.pd, &send_cq, &recv_cq, &req, &self.log)?;
+        bring_up(&qp, &self.cfg)?;
+        Ok(Queues {
+            qp,
+            recv_cq,
+            send_cq,
+            max_inline: if req.max_inline_data == 0 {
+                0
+            } else {
+                caps.max_inline_data
+            },
+        })
+    }
+
+    /// [`Endpoint::maintain`]: release the retired queues, then prepare the spare ones.
+    fn maintain_queues(&mut self) -> Result<(), VerbsError> {
+        let released = self.release_retired_queues();
+        if self.spare.is_none() && self.lost.is_none() && !self.torn_down {
+            let start = std::time::Instant::now();
+            self.spare = Some(self.create_queues()?);
+            tracing::debug!(
+                ms = start.elapsed().as_secs_f64() * 1e3,
+                "spare QP and CQs prepared for the next renewal"
+            );
+        }
+        released
+    }
+
     /// [`Endpoint::renew`]: new CQs and QP are created, brought up and attached to the
     /// endpoint's multicast groups while the old ones still exist, and swapped in only
     /// when all of that worked; then the old QP is detached and kept aside with its CQs
-    /// (`retired`) until `Endpoint::release_retired`.
+    /// (`retired`) until `Endpoint::maintain`. The new QP and CQs are the spare ones
+    /// `maintain` prepared, if it did.
     /// On any failure before the swap nothing changes; a failed destroy of the old objects is logged, counted and returned (the
     /// object is forgotten, the new ones are in place).
     fn renew_queues(&mut self) -> Result<(), VerbsError> {
@@ -455,7 +511,7 @@ impl RdmaEndpoint {
         }
         // Where the time goes (logged): each step's end, from `t0`.
         let t0 = std::time::Instant::now();
-        let mut marks = [0.0f64; 7];
+        let mut marks = [0.0f64; 5];
         let mut mark = |i: usize| marks[i] = t0.elapsed().as_secs_f64() * 1e3;
         // The QP and CQs retired by the previous renewal, if nobody released them yet.
         let mut first: Option<VerbsError> = self.release_retired_queues().err();
@@ -487,22 +543,18 @@ impl RdmaEndpoint {
             )));
         }
         mark(1);
-        let recv_cq = Cq::create(&self.ctx, self.attrs.recv_slots, &self.channel, &self.log)?;
-        let send_cq = Cq::create(&self.ctx, self.attrs.send_slots, &self.channel, &self.log)?;
-        mark(2);
-        let req = QpRequest {
-            max_send_wr: self.attrs.send_slots,
-            max_recv_wr: self.attrs.recv_slots,
-            max_inline_data: if self.attrs.max_inline == 0 {
-                0
-            } else {
-                REQUESTED_MAX_INLINE
-            },
+        // The queues prepared ahead (`maintain`), else new ones now.
+        let spare_used = self.spare.is_some();
+        let Queues {
+            qp,
+            recv_cq,
+            send_cq,
+            max_inline,
+        } = match self.spare.take() {
+            Some(q) => q,
+            None => self.create_queues()?,
         };
-        let (qp, caps) = Qp::create_ud(&self.pd, &send_cq, &recv_cq, &req, &self.log)?;
-        mark(3);
-        bring_up(&qp, &self.cfg)?;
-        mark(4);
+        mark(2);
         // The new QP joins every group before the old one leaves, so the device's group
         // never empties: no multicast filter update on the netdev (rxe), and the IP-level
         // memberships are kept as they are.
@@ -520,7 +572,7 @@ impl RdmaEndpoint {
                 return Err(VerbsError::verb("ibv_attach_mcast", ret_errno(ret)));
             }
         }
-        mark(5);
+        mark(3);
         let mut keep = |r: Result<(), VerbsError>| {
             if let Err(e) = r {
                 first.get_or_insert(e);
@@ -536,9 +588,9 @@ impl RdmaEndpoint {
                     .destroyed("ibv_detach_mcast", detach_raw(&old_qp, &join.gid)),
             );
         }
-        mark(6);
+        mark(4);
         // The old QP (in the error state, in no group, never polled again) and its CQs
-        // are destroyed later, by `release_retired`, off the restart's critical path.
+        // are destroyed later, by `maintain`, off the restart's critical path.
         self.retired = Some(Retired {
             qp: old_qp,
             recv_cq: old_recv,
@@ -548,21 +600,11 @@ impl RdmaEndpoint {
         self.sends_in_flight = 0;
         let old_qpn = self.attrs.qpn;
         self.attrs.qpn = self.qp.qp_num();
-        if req.max_inline_data != 0 {
-            self.attrs.max_inline = caps.max_inline_data;
-        }
-        let [
-            prev_ms,
-            port_ms,
-            cqs_ms,
-            qp_ms,
-            rts_ms,
-            attach_ms,
-            detach_ms,
-        ] = marks;
+        self.attrs.max_inline = max_inline;
+        let [prev_ms, port_ms, queues_ms, attach_ms, detach_ms] = marks;
         tracing::debug!(
-            device = %self.attrs.device, old_qpn, qpn = self.attrs.qpn,
-            prev_ms, port_ms, cqs_ms, qp_ms, rts_ms, attach_ms, detach_ms,
+            device = %self.attrs.device, old_qpn, qpn = self.attrs.qpn, spare_used,
+            prev_ms, port_ms, queues_ms, attach_ms, detach_ms,
             "verbs endpoint renewed: new QP and CQs, context, PD, MR and channel kept \
              (ms since the start of the renewal at the end of each step)"
         );
@@ -590,6 +632,11 @@ impl RdmaEndpoint {
             let _ = w.close();
         }
         keep(self.release_retired_queues());
+        if let Some(mut q) = self.spare.take() {
+            keep(q.qp.close());
+            keep(q.recv_cq.close());
+            keep(q.send_cq.close());
+        }
         // rxe refuses to destroy a QP that is still attached (EBUSY): detach first.
         for join in std::mem::take(&mut self.mcast) {
             keep(
@@ -1275,8 +1322,8 @@ impl Endpoint for RdmaEndpoint {
         self.renew_queues()
     }
 
-    fn release_retired(&mut self) -> Result<(), VerbsError> {
-        self.release_retired_queues()
+    fn maintain(&mut self) -> Result<(), VerbsError> {
+        self.maintain_queues()
     }
 }
 
