@@ -123,6 +123,8 @@ pub struct RdmaEndpoint {
     retired: Option<Retired>,
     /// The QP and CQs the next renewal will use, prepared by `maintain`.
     spare: Option<Queues>,
+    /// Creating the spare failed since the last renewal: `maintain` does not retry.
+    spare_refused: bool,
     mcast: Vec<McastJoin>,
     ahs: Vec<Option<Ah>>,
     qp: Qp,
@@ -268,6 +270,7 @@ impl RdmaEndpoint {
             watcher,
             retired: None,
             spare: None,
+            spare_refused: false,
             mcast: Vec::new(),
             ahs: Vec::new(),
             qp,
@@ -482,13 +485,23 @@ impl RdmaEndpoint {
     /// [`Endpoint::maintain`]: release the retired queues, then prepare the spare ones.
     fn maintain_queues(&mut self) -> Result<(), VerbsError> {
         let released = self.release_retired_queues();
-        if self.spare.is_none() && self.lost.is_none() && !self.torn_down {
+        if self.spare.is_none() && !self.spare_refused && self.lost.is_none() && !self.torn_down {
             let start = std::time::Instant::now();
-            self.spare = Some(self.create_queues()?);
-            tracing::debug!(
-                ms = start.elapsed().as_secs_f64() * 1e3,
-                "spare QP and CQs prepared for the next renewal"
-            );
+            match self.create_queues() {
+                Ok(q) => {
+                    self.spare = Some(q);
+                    tracing::debug!(
+                        ms = start.elapsed().as_secs_f64() * 1e3,
+                        "spare QP and CQs prepared for the next renewal"
+                    );
+                }
+                Err(e) => {
+                    // Not an error of the datapath: the next renewal creates its own.
+                    // Not retried every housekeeping; a renewal allows one more try.
+                    self.spare_refused = true;
+                    tracing::warn!(error = %e, "no spare QP and CQs: the next renewal creates them");
+                }
+            }
         }
         released
     }
@@ -554,6 +567,7 @@ impl RdmaEndpoint {
             Some(q) => q,
             None => self.create_queues()?,
         };
+        self.spare_refused = false;
         mark(2);
         // The new QP joins every group before the old one leaves, so the device's group
         // never empties: no multicast filter update on the netdev (rxe), and the IP-level
