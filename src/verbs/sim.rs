@@ -853,23 +853,11 @@ fn build_grh(
             ip[9] = 17; // UDP
             ip[12..16].copy_from_slice(&src_v4.octets());
             ip[16..20].copy_from_slice(&dst_v4.octets());
-            let sum = ipv4_checksum(ip);
+            let sum = crate::wire::ipv4::checksum(ip);
             ip[10..12].copy_from_slice(&sum.to_be_bytes());
         }
     }
     h
-}
-
-/// The Internet checksum of an IPv4 header whose checksum field is zero.
-fn ipv4_checksum(header: &[u8]) -> u16 {
-    let mut sum: u32 = header
-        .chunks(2)
-        .map(|w| u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 /// An endpoint on a [`SimFabric`]: slot memory, address handles and multicast

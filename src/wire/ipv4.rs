@@ -75,19 +75,38 @@ pub fn parse_summary(b: &[u8]) -> Result<Ipv4Summary, WireError> {
 /// Computed over a header whose checksum field is zero, it is the value to store there;
 /// computed over a header with a correct checksum, it is 0.
 pub fn checksum(data: &[u8]) -> u16 {
-    let mut words = data.chunks_exact(2);
-    let mut sum: u64 = words
-        .by_ref()
-        .map(|w| u64::from(u16::from_be_bytes([w[0], w[1]])))
-        .sum();
+    !fold(ones_sum(data, 0))
+}
+
+/// The ones' complement sum of `data` as 16-bit big-endian words (an odd last byte is
+/// the high byte of a word), added to `acc`, unfolded: chain it over several slices (a
+/// pseudo-header, then a segment; only the last may be odd) and [`fold`] the result.
+/// Eight bytes at a time: the sum of 32-bit words folds to the same 16-bit sum, and it
+/// takes a quarter of the steps (which matters where every instruction is emulated).
+pub fn ones_sum(data: &[u8], acc: u64) -> u64 {
+    let mut s = acc;
+    let mut chunks = data.chunks_exact(8);
+    for c in chunks.by_ref() {
+        let w = u64::from_be_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+        s += (w >> 32) + (w & 0xffff_ffff);
+    }
+    let mut words = chunks.remainder().chunks_exact(2);
+    for w in words.by_ref() {
+        s += u64::from(u16::from_be_bytes([w[0], w[1]]));
+    }
     if let [last] = words.remainder() {
-        sum += u64::from(*last) << 8;
+        s += u64::from(*last) << 8;
     }
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
+    s
+}
+
+/// Fold an unfolded ones' complement sum ([`ones_sum`]) to 16 bits.
+pub fn fold(mut s: u64) -> u16 {
+    while s > 0xffff {
+        s = (s & 0xffff) + (s >> 16);
     }
-    // The loop above leaves `sum` within 16 bits.
-    !(sum as u16)
+    // The loop leaves `s` within 16 bits.
+    s as u16
 }
 
 #[cfg(test)]
@@ -258,6 +277,21 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn the_wide_sum_is_the_word_by_word_sum(
+            data in proptest::collection::vec(any::<u8>(), 0..3000),
+        ) {
+            // RFC 1071 word by word, as a reference for the eight-byte loop.
+            let mut r: u64 = data
+                .chunks(2)
+                .map(|w| u64::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)])))
+                .sum();
+            while r > 0xffff {
+                r = (r & 0xffff) + (r >> 16);
+            }
+            prop_assert_eq!(checksum(&data), !(r as u16));
+        }
+
         #[test]
         fn arbitrary_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..80)) {
             let _ = parse_summary(&b);
