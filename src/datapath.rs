@@ -17,7 +17,7 @@ use crate::neigh::{Learned, Neighbours};
 use crate::stats::{self, DropReason, Stats};
 use crate::verbs::{
     AhHandle, Completion, CqKind, Dest, Endpoint, EndpointConfig, GRH_LEN, Gid, MULTICAST_QPN,
-    Provider, SendWr, VerbsError, WcStatus,
+    Provider, RecvWr, SendWr, VerbsError, WcStatus,
 };
 use crate::wire::arp::{self, EthArp, IpoibArp};
 use crate::wire::eth::{self, EthHeader, Mac, mac_for_gid, multicast_mac};
@@ -26,6 +26,11 @@ use crate::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6, WireError, grh,
 
 /// How long a teardown waits for flush completions after moving the QP to error.
 pub const FLUSH_DEADLINE: Duration = Duration::from_millis(200);
+
+/// How long a teardown sleeps when a drain poll finds no flush completion yet (rxe
+/// generates them in the kernel after the QP went to error). Was 1 ms; a restart's
+/// drain takes 2-4 ms in the lab, so a finer nap notices the flushes sooner.
+const DRAIN_NAP: Duration = Duration::from_micros(200);
 
 /// Frames in and out of the TAP. Implemented by the real TAP device and by test doubles.
 pub trait FrameIo: Send + Sync {
@@ -232,6 +237,52 @@ pub struct Teardown {
     pub errors: u64,
     /// The ledger's verdict after the reap.
     pub ledger: Result<(), String>,
+    /// Whether the endpoint was kept for the next epoch ([`Interface::recycle`] with
+    /// [`Endpoint::renew`] working): only its QP and CQs were replaced. Of `destroy`,
+    /// `renew` was spent replacing them.
+    pub kept: bool,
+    /// Time spent in [`Endpoint::renew`] (zero when not kept).
+    pub renew: Duration,
+}
+
+/// An endpoint kept across a restart by [`Interface::recycle`] (QP and CQs renewed),
+/// with the broadcast group's address handle, for [`Interface::reopen`].
+pub struct KeptEndpoint {
+    ep: Box<dyn Endpoint>,
+    group_ah: AhHandle,
+}
+
+impl KeptEndpoint {
+    /// Close it instead of reopening on it. Its address handles go with it, so the
+    /// neighbour table (which still names them) forgets them; they are counted as
+    /// destroyed.
+    pub fn close(self, neigh: Option<&mut Neighbours>, stats: &Stats) {
+        forget_ahs(neigh, stats);
+        drop(self.ep);
+    }
+}
+
+/// The endpoint that owned the neighbours' address handles (and the group's) is gone:
+/// forget them and count them destroyed.
+fn forget_ahs(neigh: Option<&mut Neighbours>, stats: &Stats) {
+    let n = neigh.map_or(0, |n| n.take_ahs().len() as u64);
+    stats::add(&stats.ah_destroyed, n + 1);
+}
+
+/// Where the time of [`Interface::open`] / [`Interface::reopen`] went.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenTimes {
+    /// Opening the endpoint (device context, PD, memory registration, channel, CQs, QP);
+    /// zero for a kept endpoint.
+    pub open: Duration,
+    /// Creating the broadcast group's address handle.
+    pub ah: Duration,
+    /// Attaching the QP to the broadcast group (and the IP-level join on RoCE).
+    pub attach: Duration,
+    /// Posting the receive ring.
+    pub fill: Duration,
+    /// Receives posted.
+    pub posted: usize,
 }
 
 /// One interface. See the module docs.
@@ -255,6 +306,8 @@ pub struct Interface {
     frame: Vec<u8>,
     chain: Vec<SendWr>,
     chain_meta: Vec<SendMeta>,
+    /// Receives to post as one chain (capacity: the receive ring).
+    recv_chain: Vec<RecvWr>,
     destroy: Vec<AhHandle>,
     probe: Vec<Ipv4Addr>,
     log: RateLimit,
@@ -263,6 +316,8 @@ pub struct Interface {
     draining: bool,
     /// Flush completions seen outside a teardown since the last check.
     unexpected_flushes: u64,
+    /// Where the time of this epoch's open went.
+    open_times: OpenTimes,
 }
 
 impl Interface {
@@ -276,7 +331,60 @@ impl Interface {
         epoch: u16,
         neigh: &mut Option<Neighbours>,
     ) -> Result<Interface, OpenError> {
-        let mut ep = provider.open(&p.endpoint)?;
+        let start = Instant::now();
+        let ep = provider.open(&p.endpoint)?;
+        let opened = start.elapsed();
+        Self::on_endpoint(ep, None, opened, p, stats, epoch, neigh)
+    }
+
+    /// Like [`Interface::open`] on an endpoint kept from the previous epoch by
+    /// [`Interface::recycle`] (its QP and CQs are new; context, PD, memory and channel
+    /// are the old ones), with the neighbour table `recycle` returned (whose address
+    /// handles live on that endpoint). On failure the endpoint is closed and the table
+    /// forgets its AHs.
+    pub fn reopen(
+        kept: KeptEndpoint,
+        p: &Params,
+        stats: Arc<Stats>,
+        epoch: u16,
+        neigh: &mut Option<Neighbours>,
+    ) -> Result<Interface, OpenError> {
+        let st = stats.clone();
+        let r = Self::on_endpoint(
+            kept.ep,
+            Some(kept.group_ah),
+            Duration::ZERO,
+            p,
+            stats,
+            epoch,
+            neigh,
+        );
+        if r.is_err() {
+            // The endpoint was closed with its AHs; the neighbours still name theirs
+            // unless the table went with a failed epoch.
+            forget_ahs(neigh.as_mut(), &st);
+        }
+        r
+    }
+
+    /// Where the time of this epoch's open went.
+    pub fn open_times(&self) -> OpenTimes {
+        self.open_times
+    }
+
+    fn on_endpoint(
+        mut ep: Box<dyn Endpoint>,
+        group_ah: Option<AhHandle>,
+        opened: Duration,
+        p: &Params,
+        stats: Arc<Stats>,
+        epoch: u16,
+        neigh: &mut Option<Neighbours>,
+    ) -> Result<Interface, OpenError> {
+        let mut times = OpenTimes {
+            open: opened,
+            ..OpenTimes::default()
+        };
         let a = ep.attrs().clone();
         let max_mtu = a.max_payload.saturating_sub(ipoib::HEADER_LEN as u32);
         let mtu = match p.mtu {
@@ -290,8 +398,19 @@ impl Interface {
             Some(m) => m,
             None => max_mtu,
         };
-        let group_ah = ep.create_ah(&p.group)?;
+        let t = Instant::now();
+        let group_ah = match group_ah {
+            Some(ah) => ah,
+            None => {
+                let ah = ep.create_ah(&p.group)?;
+                stats::add(&stats.ah_created, 1);
+                ah
+            }
+        };
+        times.ah = t.elapsed();
+        let t = Instant::now();
         ep.attach_mcast(&p.group)?;
+        times.attach = t.elapsed();
         let own_hw = IpoibAddr::new(a.qpn, a.gid);
         let mut iface = Interface {
             ledger: Ledger::new(epoch, a.recv_slots, a.send_slots),
@@ -314,30 +433,41 @@ impl Interface {
             frame: vec![0; eth::HEADER_LEN + mtu as usize + 64],
             chain: Vec::with_capacity(a.send_slots as usize),
             chain_meta: Vec::with_capacity(a.send_slots as usize),
+            recv_chain: Vec::with_capacity(a.recv_slots as usize),
             destroy: Vec::new(),
             probe: Vec::new(),
             log: RateLimit::new(10),
             tx_timeout: p.tx_timeout,
             draining: false,
             unexpected_flushes: 0,
+            open_times: times,
             ep,
         };
-        stats::add(&iface.stats.ah_created, 1);
         stats::set(&iface.stats.qpn, u64::from(a.qpn));
         stats::set(&iface.stats.mtu, mtu as u64);
         stats::set(&iface.stats.recv_ring, u64::from(a.recv_slots));
         stats::set(&iface.stats.send_ring, u64::from(a.send_slots));
-        if let Err(e) = iface.fill_recv() {
-            // Receives posted before the failure are reaped with the endpoint.
-            let _ = iface.shutdown(Duration::ZERO);
-            return Err(e.into());
+        let t = Instant::now();
+        match iface.fill_recv() {
+            Ok(n) => iface.open_times.posted = n,
+            Err(e) => {
+                // Receives posted before the failure are reaped with the endpoint.
+                let _ = iface.shutdown(Duration::ZERO);
+                return Err(e.into());
+            }
         }
+        iface.open_times.fill = t.elapsed();
         iface.sync_gauges();
-        tracing::info!(
-            device = %a.device, port = a.port, qpn = a.qpn, gid = %a.gid, gid_index = a.gid_index,
-            mtu, port_mtu = a.port_mtu, group = %p.group, epoch,
-            "interface open"
-        );
+        if opened.is_zero() {
+            // On a kept endpoint: the supervisor's summary line follows.
+            tracing::debug!(qpn = a.qpn, epoch, "interface open on the kept endpoint");
+        } else {
+            tracing::info!(
+                device = %a.device, port = a.port, qpn = a.qpn, gid = %a.gid, gid_index = a.gid_index,
+                mtu, port_mtu = a.port_mtu, group = %p.group, epoch,
+                "interface open"
+            );
+        }
         Ok(iface)
     }
 
@@ -399,22 +529,34 @@ impl Interface {
         stats::set(&s.neigh_entries, self.neigh.len() as u64);
     }
 
-    /// Post every free receive slot.
+    /// Post every free receive slot, as one chain (one `ibv_post_recv`).
     pub fn fill_recv(&mut self) -> Result<usize, VerbsError> {
-        let mut n = 0;
-        while let Some(slot) = self.ledger.reserve_recv() {
-            let id = self.ledger.wr_id(Ring::Recv, slot);
-            if let Err(e) = self.ep.post_recv(id, slot) {
-                self.ledger.release(Ring::Recv, slot);
-                // What was posted before the failure is in the ledger: count it too.
-                stats::add(&self.stats.recv_posted, n as u64);
-                return Err(e);
-            }
-            self.ledger.posted_recv(slot);
-            n += 1;
+        self.recv_chain.clear();
+        while self.recv_chain.len() < self.recv_chain.capacity()
+            && let Some(slot) = self.ledger.reserve_recv()
+        {
+            let wr_id = self.ledger.wr_id(Ring::Recv, slot);
+            self.recv_chain.push(RecvWr { wr_id, slot });
         }
+        if self.recv_chain.is_empty() {
+            return Ok(0);
+        }
+        let res = self.ep.post_recv_chain(&self.recv_chain);
+        let n = match &res {
+            Ok(()) => self.recv_chain.len(),
+            Err(e) => e.posted.min(self.recv_chain.len()),
+        };
+        for w in &self.recv_chain[..n] {
+            self.ledger.posted_recv(w.slot);
+        }
+        // Not posted: back to free.
+        for w in &self.recv_chain[n..] {
+            self.ledger.release(Ring::Recv, w.slot);
+        }
+        self.recv_chain.clear();
+        // What was posted before a failure is in the ledger: count it too.
         stats::add(&self.stats.recv_posted, n as u64);
-        Ok(n)
+        res.map(|()| n).map_err(|e| e.error)
     }
 
     /// Handle up to the budget of receive completions, writing packets to `tap`, and
@@ -892,6 +1034,12 @@ impl Interface {
     /// Periodic work: age neighbours and destroy their idle AHs, re-resolve peers that
     /// went silent while in use, and run the send-stall watchdog.
     pub fn housekeeping(&mut self, now: Instant) -> Result<(), Failure> {
+        // The previous epoch's QP and CQs go, the next restart's are made (a failure is
+        // counted; it does not stop the datapath, and a renewal makes what is missing).
+        if let Err(e) = self.ep.maintain() {
+            stats::add(&self.stats.teardown_errors, 1);
+            tracing::warn!(error = %e, "endpoint maintenance (retired or spare QP and CQs) failed");
+        }
         let before = self.neigh.evicted();
         self.neigh.expire(now, &mut self.destroy);
         stats::add(&self.stats.neigh_evicted, self.neigh.evicted() - before);
@@ -923,7 +1071,30 @@ impl Interface {
     /// group, destroy AHs, destroy the endpoint, reap what never completed, check the
     /// ledger. Never panics; failures are counted.
     /// The neighbour table is handed back for the next epoch.
-    pub fn shutdown(mut self, deadline: Duration) -> (Teardown, Neighbours) {
+    pub fn shutdown(self, deadline: Duration) -> (Teardown, Neighbours) {
+        let (t, neigh, _) = self.teardown(deadline, false);
+        (t, neigh)
+    }
+
+    /// Like [`Interface::shutdown`], but instead of destroying the endpoint, replace its
+    /// QP and CQs ([`Endpoint::renew`]) and hand it back for [`Interface::reopen`]:
+    /// device context, PD, registered memory, completion channel, the broadcast group's
+    /// membership and the neighbours' address handles survive. What was
+    /// posted on the old QP is reaped exactly as after a full teardown (the old QP and
+    /// CQs are destroyed, so no completion of this epoch can come). If the renewal fails
+    /// the endpoint is closed (`None`): open a new one.
+    ///
+    /// Not for a lost device: use [`Interface::shutdown`] then, which closes everything
+    /// at once (a removal waits for every context on the device to close).
+    pub fn recycle(self, deadline: Duration) -> (Teardown, Neighbours, Option<KeptEndpoint>) {
+        self.teardown(deadline, true)
+    }
+
+    fn teardown(
+        mut self,
+        deadline: Duration,
+        keep: bool,
+    ) -> (Teardown, Neighbours, Option<KeptEndpoint>) {
         let mut t = Teardown {
             reaped: 0,
             sends_reaped: 0,
@@ -932,6 +1103,8 @@ impl Interface {
             destroy: Duration::ZERO,
             errors: 0,
             ledger: Ok(()),
+            kept: false,
+            renew: Duration::ZERO,
         };
         let flushed_before =
             stats::get(&self.stats.recv_flushed) + stats::get(&self.stats.send_flushed);
@@ -947,7 +1120,7 @@ impl Interface {
                 let rx = self.poll_recv_batch(self.wc.len(), &sink, Instant::now());
                 let tx = self.poll_tx(Instant::now());
                 match (rx, tx) {
-                    (Ok(0), Ok(0)) => std::thread::sleep(Duration::from_millis(1)),
+                    (Ok(0), Ok(0)) => std::thread::sleep(DRAIN_NAP),
                     (Ok(_), Ok(_)) => {}
                     _ => break,
                 }
@@ -955,6 +1128,11 @@ impl Interface {
         }
         t.drain = start.elapsed();
         let destroy_start = Instant::now();
+        // Kept, the endpoint moves the group over to its new QP itself and its address
+        // handles stay valid: only the retiring ones go.
+        if keep {
+            return self.teardown_keep(t, destroy_start, flushed_before);
+        }
         if self.group_attached {
             if let Err(e) = self.ep.detach_mcast(&self.group) {
                 t.errors += 1;
@@ -980,35 +1158,77 @@ impl Interface {
         // completion can come for anything still posted, so it is reaped.
         drop(self.ep);
         t.destroy = destroy_start.elapsed();
+        Self::reap(&mut self.ledger, &self.stats, &mut t, flushed_before);
+        (t, self.neigh, None)
+    }
+
+    /// The rest of a teardown that keeps the endpoint: retiring AHs destroyed, the QP and
+    /// CQs renewed (after which no completion can come for anything still posted, so it
+    /// is reaped), the live AHs and the group kept. If the renewal fails, everything is
+    /// destroyed as in a full teardown.
+    fn teardown_keep(
+        mut self,
+        mut t: Teardown,
+        destroy_start: Instant,
+        flushed_before: u64,
+    ) -> (Teardown, Neighbours, Option<KeptEndpoint>) {
+        let mut ahs = self.neigh.take_retiring_ahs();
+        ahs.append(&mut self.destroy);
+        for ah in ahs {
+            match self.ep.destroy_ah(ah) {
+                Ok(()) => stats::add(&self.stats.ah_destroyed, 1),
+                Err(e) => {
+                    t.errors += 1;
+                    tracing::warn!(error = %e, "destroying an address handle failed");
+                }
+            }
+        }
+        let renew_start = Instant::now();
+        let renewed = self.ep.renew();
+        t.renew = renew_start.elapsed();
+        let kept = match renewed {
+            Ok(()) => Some(KeptEndpoint {
+                ep: self.ep,
+                group_ah: self.group_ah,
+            }),
+            Err(e) => {
+                tracing::warn!(error = %e, "renewing the endpoint failed: closing it (the next epoch opens the device again)");
+                // Dropping it detaches the group and destroys every AH with it; the
+                // neighbours forget theirs.
+                forget_ahs(Some(&mut self.neigh), &self.stats);
+                drop(self.ep);
+                None
+            }
+        };
+        t.kept = kept.is_some();
+        t.destroy = destroy_start.elapsed();
+        Self::reap(&mut self.ledger, &self.stats, &mut t, flushed_before);
+        (t, self.neigh, kept)
+    }
+
+    /// Reap what never completed and check the ledger (the endpoint is gone or renewed).
+    /// Takes the parts it needs: the endpoint has been moved out by then.
+    fn reap(ledger: &mut Ledger, stats: &Stats, t: &mut Teardown, flushed_before: u64) {
         // Sends reaped never completed: whether they left is unknown, so each is counted
         // as dropped with reason `reaped`.
-        for _ in self.ledger.reap_all() {
-            self.stats.count_drop(DropReason::TxReaped);
+        for _ in ledger.reap_all() {
+            stats.count_drop(DropReason::TxReaped);
             t.sends_reaped += 1;
         }
-        t.reaped = self.ledger.totals(Ring::Recv).reaped + self.ledger.totals(Ring::Send).reaped;
-        t.flushed = stats::get(&self.stats.recv_flushed) + stats::get(&self.stats.send_flushed)
-            - flushed_before;
-        stats::add(
-            &self.stats.recv_reaped,
-            self.ledger.totals(Ring::Recv).reaped,
-        );
-        stats::add(
-            &self.stats.send_reaped,
-            self.ledger.totals(Ring::Send).reaped,
-        );
-        t.ledger = self.ledger.check();
+        t.reaped = ledger.totals(Ring::Recv).reaped + ledger.totals(Ring::Send).reaped;
+        t.flushed =
+            stats::get(&stats.recv_flushed) + stats::get(&stats.send_flushed) - flushed_before;
+        stats::add(&stats.recv_reaped, ledger.totals(Ring::Recv).reaped);
+        stats::add(&stats.send_reaped, ledger.totals(Ring::Send).reaped);
+        t.ledger = ledger.check();
         if t.ledger.is_ok()
-            && self.ledger.totals(Ring::Recv).outstanding
-                + self.ledger.totals(Ring::Send).outstanding
-                != 0
+            && ledger.totals(Ring::Recv).outstanding + ledger.totals(Ring::Send).outstanding != 0
         {
             t.ledger = Err("work requests still outstanding after the reap".into());
         }
-        stats::add(&self.stats.teardown_errors, t.errors);
-        stats::set(&self.stats.recv_outstanding, 0);
-        stats::set(&self.stats.send_outstanding, 0);
-        (t, self.neigh)
+        stats::add(&stats.teardown_errors, t.errors);
+        stats::set(&stats.recv_outstanding, 0);
+        stats::set(&stats.send_outstanding, 0);
     }
 
     fn outstanding(&self) -> u64 {

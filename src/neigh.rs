@@ -227,6 +227,15 @@ impl Neighbours {
         all
     }
 
+    /// Take the retiring address handles (their peers are gone) and forget every send in
+    /// flight, keeping the live peers' AHs: used when the endpoint that owns the AHs
+    /// stays open across a restart (its QP renewed) and every send has been accounted
+    /// for (completed, flushed or reaped).
+    pub fn take_retiring_ahs(&mut self) -> Vec<AhHandle> {
+        self.inflight.clear();
+        std::mem::take(&mut self.retiring)
+    }
+
     /// A send using `ah` was posted.
     pub fn send_started(&mut self, ah: AhHandle) {
         *self.inflight.entry(ah).or_insert(0) += 1;

@@ -1,5 +1,6 @@
 //! Restarts leak nothing: 10,000 back-to-back teardowns and rebuilds of an interface
-//! keep file descriptors and memory flat with a balanced ledger every time, and 200
+//! keep file descriptors and memory flat with a balanced ledger every time, both full
+//! ones and ones that keep the endpoint and renew its QP and CQs, and 200
 //! supervised restarts leave no thread or descriptor behind. The tests of this file run
 //! one at a time (they count process-wide resources).
 
@@ -74,6 +75,64 @@ fn ten_thousand_restarts_leak_nothing() {
     );
     let s = stats.snapshot();
     // Conservation across every epoch: posted = completed + flushed + reaped + outstanding.
+    assert!(s.ledger_balanced(), "{}", s.to_text());
+    assert_eq!(s.recv_outstanding, 16);
+    assert!(s.send_posted >= 1000, "announcements were sent: {s:?}");
+    drop(iface.shutdown(FLUSH_DEADLINE));
+    drop(peer.shutdown(FLUSH_DEADLINE));
+    assert_eq!(sim.live_qps(), 0);
+}
+
+#[test]
+fn ten_thousand_renewals_reuse_the_endpoint_and_leak_nothing() {
+    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let sim = fabric(4096);
+    let stats = Arc::new(Stats::default());
+    let mut p = params("sim0", "198.18.2.1/24", 16, 16);
+    p.budget = 16;
+    let peer = common::open(&sim, "sim1", "198.18.2.2/24", 16, 16);
+    let tap = common::FakeTap::default();
+    let mut neigh = None;
+    let mut iface = Interface::open(&sim, &p, stats.clone(), 1, &mut neigh).unwrap();
+    let opens = sim.opens();
+    let mut base = (0, 0);
+    let mut qpn = iface.hw_addr().qpn;
+    for i in 0..10_000u32 {
+        if i == 100 {
+            base = (fds(), rss_kib());
+        }
+        if i % 10 == 0 {
+            iface.announce(Instant::now());
+        }
+        let (t, n, kept) = iface.recycle(FLUSH_DEADLINE);
+        t.ledger.unwrap_or_else(|e| panic!("restart {i}: {e}"));
+        assert!(t.kept, "restart {i}");
+        neigh = Some(n);
+        let ep = kept.expect("the endpoint is kept");
+        iface =
+            Interface::reopen(ep, &p, stats.clone(), (i % 60_000 + 2) as u16, &mut neigh).unwrap();
+        assert_ne!(iface.hw_addr().qpn, qpn, "restart {i}: a new QP");
+        qpn = iface.hw_addr().qpn;
+        assert_eq!(sim.live_qps(), 2, "restart {i}");
+        assert_eq!(sim.mcast_groups(), 1, "restart {i}");
+        iface.ledger().check().unwrap();
+        iface.poll_rx(&tap, Instant::now()).unwrap();
+    }
+    let (fd_end, rss_end) = (fds(), rss_kib());
+    eprintln!(
+        "10k renewals: fds {} -> {fd_end}, rss {} KiB -> {rss_end} KiB",
+        base.0, base.1
+    );
+    // Nothing was opened again: every epoch ran on the first endpoint's memory.
+    assert_eq!(sim.opens(), opens);
+    assert_eq!(sim.renewals(), 10_000);
+    assert_eq!(fd_end, base.0, "file descriptors grew");
+    assert!(
+        rss_end < base.1 + 16 * 1024,
+        "memory grew by {} KiB",
+        rss_end - base.1
+    );
+    let s = stats.snapshot();
     assert!(s.ledger_balanced(), "{}", s.to_text());
     assert_eq!(s.recv_outstanding, 16);
     assert!(s.send_posted >= 1000, "announcements were sent: {s:?}");

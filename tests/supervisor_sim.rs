@@ -1,5 +1,6 @@
 //! The restart supervisor over the simulated fabric: every cause of a restart ends in a
-//! recovered interface with traffic flowing both ways and a balanced ledger; a peer
+//! recovered interface with traffic flowing both ways and a balanced ledger (a device loss
+//! reopens everything, any other cause keeps the endpoint and renews its QP); a peer
 //! follows a restart without operator action; the circuit breaker trips and an operator
 //! revives; thousands of restarts leak nothing.
 
@@ -32,6 +33,7 @@ fn every_cause_recovers_with_traffic_and_a_balanced_ledger() {
     ];
     for (n, (how, kind)) in causes.iter().enumerate() {
         let before = a.status();
+        let (opens, renewals) = (switch.opens(), switch.renewals());
         match *how {
             "poll" | "poll-again" => {
                 switch.arm_poll_error_n(-5, 1);
@@ -72,6 +74,15 @@ fn every_cause_recovers_with_traffic_and_a_balanced_ledger() {
             a.tap.carrier.load(Ordering::SeqCst),
             "{how}: carrier back on"
         );
+        // A lost device is reopened from scratch (context, PD, memory); anything else
+        // keeps the endpoint and replaces only its QP and CQs.
+        let lost = matches!(*kind, "device-fatal" | "device-removed");
+        assert_eq!(r.kept_device, !lost, "{how}: {r:?}");
+        assert_eq!(
+            (switch.opens() - opens, switch.renewals() - renewals),
+            if lost { (1, 0) } else { (0, 1) },
+            "{how}: opens / renewals"
+        );
         let snap = a.stats.snapshot();
         assert!(snap.ledger_balanced(), "{how}: {}", snap.to_text());
         flows(&a, A_IP, &b, B_IP, 100 + n as u32);
@@ -89,6 +100,10 @@ fn every_cause_recovers_with_traffic_and_a_balanced_ledger() {
         "nothing from a stale epoch"
     );
     assert_eq!(stats::get(&a.stats.restarts), causes.len() as u64);
+    // One open at start and one per device loss; renewals for the six others.
+    assert_eq!(switch.opens(), 3);
+    assert_eq!(switch.renewals(), 6);
+    assert_eq!(sim.opens(), 1 + 3, "B opened once, A three times");
     assert!(
         stats::get(&b.stats.neigh_updated) >= causes.len() as u64,
         "B followed every new QPN"
@@ -177,6 +192,38 @@ fn a_device_back_with_another_gid_and_mtu_reconfigures_the_tap() {
         .expect("TAP reconfigured");
     assert_eq!(mac.to_string(), "02:00:c6:12:00:09");
     assert_eq!(mtu, 2044);
+    a.end();
+    b.end();
+}
+
+#[test]
+fn a_port_changed_under_a_kept_endpoint_is_reopened_not_renewed() {
+    // No device loss is reported, but the port's MTU and GID changed (a flap, a netdev
+    // re-addressed): the renewal refuses, the supervisor opens the device again, and the
+    // TAP follows, as after a removal.
+    let (sim, switch, a, b) = pair(RestartPolicy::default());
+    let (opens, renewals) = (switch.opens(), switch.renewals());
+    sim.reconfigure_device("sim0", std::net::Ipv4Addr::new(198, 18, 0, 9), 2048)
+        .unwrap();
+    switch.arm_poll_error_n(-5, 1);
+    // A's own send makes it poll (B cannot reach A's old GID any more).
+    a.tap
+        .inject(&ipv4_frame(b.mac, a.mac, A_IP, B_IP, &[9; 20]));
+    let s = a.wait_state("running", 1);
+    let r = s.history.last().expect("a restart record");
+    assert_eq!(r.cause, "poll-failed");
+    assert!(!r.kept_device, "{r:?}");
+    assert!(r.ledger_balanced, "{r:?}");
+    assert_eq!(
+        (switch.opens() - opens, switch.renewals() - renewals),
+        (1, 0)
+    );
+    assert_eq!(s.gid, "::ffff:198.18.0.9");
+    assert_eq!(s.mtu, 2044);
+    assert!(
+        a.tap.reconfigured.lock().unwrap().is_some(),
+        "TAP reconfigured"
+    );
     a.end();
     b.end();
 }

@@ -45,7 +45,7 @@ use serde::Serialize;
 
 use super::{
     AhHandle, AsyncEvent, Completion, CqKind, Endpoint, EndpointAttrs, EndpointConfig, Gid,
-    PostSendError, Provider, SendWr, VerbsError, WcStatus,
+    PostRecvError, PostSendError, Provider, RecvWr, SendWr, VerbsError, WcStatus,
 };
 use crate::faults::{Fault, FaultKind, FaultSpec, Schedule, SplitMix64, Trigger};
 
@@ -156,6 +156,7 @@ pub struct FaultSwitch {
     polls_after_failure: AtomicU64,
     hidden: AtomicBool,
     opens: AtomicU64,
+    renewals: AtomicU64,
     async_events: Mutex<VecDeque<AsyncEvent>>,
     endpoints: Mutex<Vec<Arc<EpShared>>>,
     next_id: AtomicU64,
@@ -317,6 +318,12 @@ impl FaultSwitch {
         self.opens.load(Ordering::SeqCst)
     }
 
+    /// Successful [`Endpoint::renew`]s of endpoints opened through this switch's provider
+    /// (a new QP and CQs on a kept device context and memory).
+    pub fn renewals(&self) -> u64 {
+        self.renewals.load(Ordering::SeqCst)
+    }
+
     /// Polls that were made to fail.
     pub fn polls_failed(&self) -> u64 {
         self.polls_failed.load(Ordering::SeqCst)
@@ -427,6 +434,7 @@ impl Provider for FaultyProvider {
             switch: self.switch.clone(),
             shared,
             failed: false,
+            lost: None,
             async_rx: None,
             cq_rx: None,
             recv_slots: HashMap::new(),
@@ -441,6 +449,9 @@ struct FaultyEndpoint {
     switch: Arc<FaultSwitch>,
     shared: Arc<EpShared>,
     failed: bool,
+    /// A device-loss event (`DeviceFatal`, `DeviceRemoved`) this endpoint delivered:
+    /// `renew` refuses after it, as the real provider does.
+    lost: Option<AsyncEvent>,
     async_rx: Option<UnixStream>,
     cq_rx: Option<UnixStream>,
     /// Receive work request id → slot, recorded while `corrupt-rx` is armed.
@@ -647,6 +658,20 @@ impl Endpoint for FaultyEndpoint {
         }
         self.inner.post_recv(wr_id, slot)
     }
+    fn post_recv_chain(&mut self, wrs: &[RecvWr]) -> Result<(), PostRecvError> {
+        let mask = self.switch.mask.load(Ordering::Relaxed);
+        if self.corrupted.is_empty()
+            && mask & (bit(FaultKind::PostRecvError) | bit(FaultKind::CorruptRx)) == 0
+        {
+            return self.inner.post_recv_chain(wrs);
+        }
+        // Armed (or corrupted copies to retire): one by one through the hooks.
+        for (posted, w) in wrs.iter().enumerate() {
+            self.post_recv(w.wr_id, w.slot)
+                .map_err(|error| PostRecvError { posted, error })?;
+        }
+        Ok(())
+    }
     fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), PostSendError> {
         let mask = self.switch.mask.load(Ordering::Relaxed);
         if mask & bit(FaultKind::PostSendError) == 0 {
@@ -764,10 +789,14 @@ impl Endpoint for FaultyEndpoint {
             while matches!((&*rx).read(&mut b), Ok(n) if n > 0) {}
         }
         let injected = lock(&self.switch.async_events).pop_front();
-        match injected {
-            Some(ev) => Ok(Some(ev)),
-            None => self.inner.next_async_event(),
+        let ev = match injected {
+            Some(ev) => Some(ev),
+            None => self.inner.next_async_event()?,
+        };
+        if let Some(e @ (AsyncEvent::DeviceFatal | AsyncEvent::DeviceRemoved)) = ev {
+            self.lost.get_or_insert(e);
         }
+        Ok(ev)
     }
     fn create_ah(&mut self, gid: &Gid) -> Result<AhHandle, VerbsError> {
         self.inner.create_ah(gid)
@@ -783,6 +812,46 @@ impl Endpoint for FaultyEndpoint {
     }
     fn set_qp_error(&mut self) -> Result<(), VerbsError> {
         self.inner.set_qp_error()
+    }
+    fn maintain(&mut self) -> Result<(), VerbsError> {
+        self.inner.maintain()
+    }
+    /// Refused while the device is hidden or after this endpoint delivered a device loss;
+    /// else the inner endpoint renews, and this endpoint's per-QP fault state (a failed
+    /// poll, stalled sends, spurious events, corrupted copies) starts afresh.
+    fn renew(&mut self) -> Result<(), VerbsError> {
+        if self.switch.hidden.load(Ordering::SeqCst) {
+            return Err(VerbsError::RenewRefused(
+                "the device is gone (hidden)".into(),
+            ));
+        }
+        if let Some(ev) = self.lost {
+            return Err(VerbsError::RenewRefused(format!(
+                "the device was lost ({ev:?})"
+            )));
+        }
+        self.inner.renew()?;
+        self.failed = false;
+        self.switch.unstall(&self.shared);
+        // A new id, as a new open would have: injections name the QP they hit. The
+        // wakers (set while registered) move over.
+        let shared = Arc::new(EpShared {
+            id: self.switch.next_id.fetch_add(1, Ordering::SeqCst),
+            spurious: AtomicU32::new(0),
+            stalled: AtomicBool::new(false),
+            cq_waker: Mutex::new(lock(&self.shared.cq_waker).take()),
+            async_waker: Mutex::new(lock(&self.shared.async_waker).take()),
+        });
+        {
+            let mut eps = lock(&self.switch.endpoints);
+            eps.retain(|e| !Arc::ptr_eq(e, &self.shared));
+            eps.push(shared.clone());
+        }
+        self.shared = shared;
+        self.recv_slots.clear();
+        self.spare.extend(self.corrupted.drain(..).map(|(_, b)| b));
+        self.switch.renewals.fetch_add(1, Ordering::SeqCst);
+        Ok(())
     }
 }
 
@@ -890,6 +959,33 @@ mod tests {
 
     fn ids(c: &[Completion]) -> Vec<u64> {
         c.iter().map(|c| c.wr_id).collect()
+    }
+
+    #[test]
+    fn renew_starts_the_qp_afresh_and_refuses_after_a_device_loss() {
+        let mut r = rig();
+        r.switch.arm_poll_error_n(-5, 1);
+        let mut out = [Completion::EMPTY; 4];
+        assert!(r.a.poll_cq(CqKind::Recv, &mut out).is_err());
+        // A failed poll is never retried on that QP; after a renewal the QP is another.
+        let qpn = r.a.attrs().qpn;
+        r.a.renew().unwrap();
+        assert_ne!(r.a.attrs().qpn, qpn);
+        assert_eq!((r.switch.opens(), r.switch.renewals()), (1, 1));
+        assert!(r.a.poll_cq(CqKind::Recv, &mut out).is_ok());
+        assert_eq!(r.switch.polls_after_failure(), 0);
+        // A hidden device (gone) cannot be renewed ...
+        r.switch.hide_device(true);
+        assert!(matches!(r.a.renew(), Err(VerbsError::RenewRefused(_))));
+        r.switch.hide_device(false);
+        // ... nor one whose loss this endpoint reported.
+        r.switch.inject_async(AsyncEvent::DeviceFatal);
+        assert_eq!(
+            r.a.next_async_event().unwrap(),
+            Some(AsyncEvent::DeviceFatal)
+        );
+        assert!(matches!(r.a.renew(), Err(VerbsError::RenewRefused(_))));
+        assert_eq!(r.switch.renewals(), 1);
     }
 
     #[test]

@@ -11,7 +11,10 @@
 //! receive CQ and a send CQ, one UD QP in RTS, and the address handles created on it. It
 //! owns them all; dropping it destroys them in the right order (AHs, multicast
 //! attachments, QP, CQs, channel, MR, PD). Destroy failures are logged and counted, never
-//! a panic.
+//! a panic. [`Endpoint::renew`] replaces only the QP and the CQs, keeping the device
+//! context, PD, registered memory and completion channel: what a restart after anything
+//! but a device loss needs (opening a context and registering the receive ring are most
+//! of a full open's cost under emulation, see docs/PERFORMANCE.md).
 //!
 //! Rules this module keeps:
 //! - a verb's failure is a typed [`VerbsError`] naming the verb; no raw errno or `ibv_wc`
@@ -183,6 +186,15 @@ pub struct SendWr {
     pub signaled: bool,
 }
 
+/// One receive to post: receive slot `slot` with id `wr_id`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Opaque id handed back in the completion.
+    pub wr_id: u64,
+    /// Receive slot index (`0..EndpointAttrs::recv_slots`).
+    pub slot: u32,
+}
+
 /// Asynchronous events the datapath acts on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AsyncEvent {
@@ -304,6 +316,10 @@ pub enum VerbsError {
     /// An address handle the endpoint does not own.
     #[error("unknown address handle {0:?}")]
     UnknownAh(AhHandle),
+    /// [`Endpoint::renew`] refused: the device was lost, or the port or GID table changed
+    /// since the endpoint was opened. Open a new endpoint instead.
+    #[error("cannot renew the endpoint's QP and CQs: {0}; it must be reopened")]
+    RenewRefused(String),
 }
 
 impl VerbsError {
@@ -322,6 +338,18 @@ impl VerbsError {
 #[error("{error} (after posting {posted} of the chain)")]
 pub struct PostSendError {
     /// Work requests of the chain that were posted (a prefix).
+    pub posted: usize,
+    /// Why the next one was not.
+    #[source]
+    pub error: VerbsError,
+}
+
+/// A failed [`Endpoint::post_recv_chain`]: how many of the chain were posted, and why the
+/// next one was not.
+#[derive(Debug, thiserror::Error)]
+#[error("{error} (after posting {posted} of the receive chain)")]
+pub struct PostRecvError {
+    /// Receives of the chain that were posted (a prefix).
     pub posted: usize,
     /// Why the next one was not.
     #[source]
@@ -348,6 +376,17 @@ pub trait Endpoint: Send {
 
     /// Post receive slot `slot` with id `wr_id`.
     fn post_recv(&mut self, wr_id: u64, slot: u32) -> Result<(), VerbsError>;
+
+    /// Post a chain of receives with one call where the device allows (one
+    /// `ibv_post_recv` with a linked list). On failure, `wrs[..err.posted]` were posted
+    /// and the rest were not. The default posts them one by one.
+    fn post_recv_chain(&mut self, wrs: &[RecvWr]) -> Result<(), PostRecvError> {
+        for (posted, w) in wrs.iter().enumerate() {
+            self.post_recv(w.wr_id, w.slot)
+                .map_err(|error| PostRecvError { posted, error })?;
+        }
+        Ok(())
+    }
 
     /// Post a chain of sends with one call (one doorbell / system call where the device
     /// allows). On failure, `wrs[..err.posted]` were posted and the rest were not.
@@ -393,4 +432,38 @@ pub trait Endpoint: Send {
 
     /// Move the QP to the error state: every posted WR completes as [`WcStatus::Flushed`].
     fn set_qp_error(&mut self) -> Result<(), VerbsError>;
+
+    /// Replace the QP and both CQs with new ones (a new QPN, in RTS, nothing posted) and
+    /// keep everything else: device context, protection domain, registered slot memory
+    /// (and its contents), completion channel, address handles, the removal watcher.
+    ///
+    /// Every work request posted on the old QP is gone with it: no completion will ever
+    /// come for it (the caller reaps it), and none of the old CQs' can be polled. Pending
+    /// completion events of the old CQs are taken and acknowledged. The multicast groups
+    /// of the old QP are joined by the new one before the old one leaves them (so the
+    /// device's and the IP stack's memberships never lapse); [`Endpoint::attach_mcast`]
+    /// of such a group afterwards is a no-op. Address handles stay valid (they belong to
+    /// the protection domain). The endpoint must not be registered with a poll set while
+    /// this runs.
+    ///
+    /// Before replacing anything the port is queried again: if its active MTU, or the
+    /// GID this endpoint would choose now, differs from what it was opened with, this
+    /// fails and nothing changes. It also fails once the device was reported lost
+    /// ([`AsyncEvent::DeviceFatal`] / [`AsyncEvent::DeviceRemoved`]). After any `Err` the
+    /// caller drops the endpoint and opens a new one (the old QP, in whatever state, is
+    /// still the endpoint's, so dropping it is always sound).
+    fn renew(&mut self) -> Result<(), VerbsError>;
+
+    /// Housekeeping between restarts, off their critical path (the datapath calls it
+    /// from its periodic housekeeping): destroy the QP and CQs the last
+    /// [`Endpoint::renew`] replaced, if the provider kept them aside, and prepare the QP
+    /// and CQs the next `renew` will use, if it makes them ahead. The real provider does
+    /// both: creating and destroying a 4096-entry CQ and its QP costs milliseconds under
+    /// emulation. A retired QP is in the error state, in no group and never polled; a
+    /// spare one is in RTS with nothing posted and its CQs unarmed. Cheap when there is
+    /// nothing to do; a failure is logged and counted by the provider. Dropping the
+    /// endpoint destroys both.
+    fn maintain(&mut self) -> Result<(), VerbsError> {
+        Ok(())
+    }
 }

@@ -137,6 +137,11 @@ struct Fabric {
     topo: RwLock<Topology>,
     /// Drop and delivery counters.
     counters: AtomicCounters,
+    /// Successful opens: each stands for a device context, a PD and a memory
+    /// registration of the slots on real verbs.
+    opens: AtomicU64,
+    /// Successful [`Endpoint::renew`]s: a new QP and CQs, nothing else.
+    renewals: AtomicU64,
 }
 
 /// Who is where. Read per `post_send` chain; written on open, drop, attach and detach.
@@ -184,7 +189,53 @@ struct Qp {
     state: Mutex<QpState>,
 }
 
+impl Qp {
+    /// `template` with empty queues sized for its rings (its `send` and `state` are
+    /// replaced).
+    fn new(template: Qp) -> Qp {
+        let (recv, send) = (template.recv_slots as usize, template.send_slots as usize);
+        Qp {
+            send: Mutex::new(SendSide {
+                held: false,
+                queue: VecDeque::with_capacity(send),
+                pool: Vec::new(),
+            }),
+            state: Mutex::new(QpState {
+                error: false,
+                recv_posted: VecDeque::with_capacity(recv),
+                recv_cq: VecDeque::with_capacity(recv),
+                send_cq: VecDeque::with_capacity(send),
+                send_outstanding: 0,
+                unsignaled_done: 0,
+                armed: [false; 2],
+                events: [0; 2],
+                waker: None,
+                pool: Vec::with_capacity(recv),
+            }),
+            ..template
+        }
+    }
+
+    /// The same QP under a new number, with empty queues (for [`Endpoint::renew`]).
+    fn renumbered(&self, qpn: u32) -> Qp {
+        Qp::new(Qp {
+            qpn,
+            device: self.device,
+            qkey: self.qkey,
+            max_payload: self.max_payload,
+            grh_kind: self.grh_kind,
+            gid: self.gid,
+            ipv4: self.ipv4,
+            recv_slots: self.recv_slots,
+            send_slots: self.send_slots,
+            send: Mutex::new(SendSide::default()),
+            state: Mutex::new(QpState::default()),
+        })
+    }
+}
+
 /// Sends that the fabric holds back ([`SimFabric::hold_sends`]).
+#[derive(Default)]
 struct SendSide {
     held: bool,
     queue: VecDeque<HeldSend>,
@@ -203,6 +254,7 @@ struct HeldSend {
 }
 
 /// Everything other threads may change about a QP.
+#[derive(Default)]
 struct QpState {
     error: bool,
     /// Posted receives, oldest first: (wr_id, slot).
@@ -416,8 +468,21 @@ impl SimFabric {
                     next_qpn: FIRST_QPN,
                 }),
                 counters: AtomicCounters::default(),
+                opens: AtomicU64::new(0),
+                renewals: AtomicU64::new(0),
             }),
         }
+    }
+
+    /// Endpoints opened so far (each is a device context, PD and memory registration
+    /// on real verbs).
+    pub fn opens(&self) -> u64 {
+        self.inner.opens.load(Ordering::Relaxed)
+    }
+
+    /// [`Endpoint::renew`]s so far (a new QP and CQs on an endpoint kept open).
+    pub fn renewals(&self) -> u64 {
+        self.inner.renewals.load(Ordering::Relaxed)
     }
 
     /// Add a device with one port (port 1), a GID table (index 0 an `fe80::` link-local
@@ -668,7 +733,7 @@ impl Provider for SimFabric {
         };
         let recv_slots = cfg.recv_slots as usize;
         let send_slots = cfg.send_slots as usize;
-        let qp = Arc::new(Qp {
+        let qp = Arc::new(Qp::new(Qp {
             qpn,
             device: dev_idx,
             qkey: cfg.qkey,
@@ -678,27 +743,13 @@ impl Provider for SimFabric {
             ipv4,
             recv_slots: cfg.recv_slots,
             send_slots: cfg.send_slots,
-            send: Mutex::new(SendSide {
-                held: false,
-                queue: VecDeque::with_capacity(send_slots),
-                pool: Vec::new(),
-            }),
-            state: Mutex::new(QpState {
-                error: false,
-                recv_posted: VecDeque::with_capacity(recv_slots),
-                recv_cq: VecDeque::with_capacity(recv_slots),
-                send_cq: VecDeque::with_capacity(send_slots),
-                send_outstanding: 0,
-                unsignaled_done: 0,
-                armed: [false; 2],
-                events: [0; 2],
-                waker: None,
-                pool: Vec::with_capacity(recv_slots),
-            }),
-        });
+            send: Mutex::new(SendSide::default()),
+            state: Mutex::new(QpState::default()),
+        }));
         topo.next_qpn = qpn + 1;
         topo.qps.insert(qpn, Arc::clone(&qp));
         drop(topo);
+        self.inner.opens.fetch_add(1, Ordering::Relaxed);
 
         let recv_stride = GRH_LEN + max_payload as usize;
         Ok(Box::new(SimEndpoint {
@@ -1233,6 +1284,49 @@ impl Endpoint for SimEndpoint {
         for w in wakers.into_iter().flatten() {
             wake(w);
         }
+        Ok(())
+    }
+    fn renew(&mut self) -> Result<(), VerbsError> {
+        self.renew_qp()
+    }
+}
+
+impl SimEndpoint {
+    /// [`Endpoint::renew`]: a new QP (new number, empty queues and CQs) on the same
+    /// device, slot memory and address handles, in the old one's multicast groups; the
+    /// old QP leaves the fabric, and what was posted on it never completes.
+    fn renew_qp(&mut self) -> Result<(), VerbsError> {
+        let mut topo = write(&self.fabric.topo);
+        let dev = &topo.devices[self.qp.device];
+        let gid_now = dev.gids.get(usize::from(self.attrs.gid_index)).copied();
+        if dev.mtu != self.attrs.port_mtu || gid_now != Some(self.attrs.gid) {
+            return Err(VerbsError::RenewRefused(format!(
+                "device {} changed: MTU {} / GID {:?} now, {} / {} when opened",
+                dev.name, dev.mtu, gid_now, self.attrs.port_mtu, self.attrs.gid
+            )));
+        }
+        let qpn = topo.next_qpn;
+        if qpn > MAX_QPN {
+            return Err(VerbsError::verb("ibv_create_qp", libc::ENOMEM));
+        }
+        let qp = Arc::new(self.qp.renumbered(qpn));
+        topo.next_qpn = qpn + 1;
+        topo.qps.remove(&self.qp.qpn);
+        // The new QP joins the old one's groups, which it then leaves.
+        for g in &self.groups {
+            let members = topo.groups.entry(*g).or_default();
+            members.push(Arc::clone(&qp));
+            members.retain(|m| m.qpn != self.qp.qpn);
+        }
+        topo.qps.insert(qpn, Arc::clone(&qp));
+        drop(topo);
+        // The completion channel stays: a registered one now hears the new QP.
+        let waker = lock(&self.qp.state).waker.take();
+        lock(&qp.state).waker = waker;
+        self.qp = qp;
+        self.attrs.qpn = qpn;
+        self.polled.clear();
+        self.fabric.renewals.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 }
@@ -2020,6 +2114,76 @@ mod tests {
         assert!(topo.qps.is_empty() && topo.groups.is_empty());
         drop(topo);
         let _ = poll.poll(&mut mio::Events::with_capacity(1), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn renew_replaces_the_qp_and_keeps_memory_and_handles() {
+        let f = fabric();
+        let group = Gid::from_ipv4(Ipv4Addr::new(239, 0, 0, 1));
+        let mut a = open(&f, "a");
+        let mut b = open(&f, "b");
+        b.attach_mcast(&group).unwrap();
+        b.post_recv(7, 3).unwrap();
+        b.post_recv(8, 4).unwrap();
+        b.send_buf(2)[..4].copy_from_slice(b"kept");
+        let to_a = b.create_ah(&Gid::from_ipv4(A_IP)).unwrap();
+        let old = b.attrs().qpn;
+        // Registered as a poll source while renewing: the channel hears the new QP.
+        let poll = mio::Poll::new().unwrap();
+        b.register(poll.registry(), mio::Token(1), mio::Token(2))
+            .unwrap();
+        assert_eq!((f.opens(), f.renewals()), (2, 0));
+        b.renew().unwrap();
+        assert_eq!((f.opens(), f.renewals()), (2, 1), "no open, one renewal");
+        let new = b.attrs().qpn;
+        assert!(new > old, "a new QPN: {old} -> {new}");
+        assert_eq!(f.live_qps(), 2);
+        // The new QP is in the group, the old one is not.
+        let members: Vec<u32> = read(&f.inner.topo).groups[&group]
+            .iter()
+            .map(|m| m.qpn)
+            .collect();
+        assert_eq!(members, vec![new]);
+        b.attach_mcast(&group).unwrap();
+        assert_eq!(read(&f.inner.topo).groups[&group].len(), 1, "no-op");
+        // The slot memory is the same memory.
+        assert_eq!(&b.send_buf(2)[..4], b"kept");
+        // What was posted on the old QP never completes (the caller reaps it) ...
+        assert!(poll_all(&mut *b, CqKind::Recv).is_empty());
+        // ... and the old QPN is gone from the fabric.
+        let to_b = a.create_ah(&Gid::from_ipv4(B_IP)).unwrap();
+        send(&mut *a, to_b, old, QKEY, 1, b"stale");
+        assert_eq!(f.counters().unknown_dest, 1);
+        // The new QP works, and the address handle made before the renewal too.
+        b.post_recv(9, 0).unwrap();
+        b.req_notify(CqKind::Recv).unwrap();
+        send(&mut *a, to_b, new, QKEY, 2, b"fresh");
+        let got = poll_all(&mut *b, CqKind::Recv);
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].wr_id, got[0].status), (9, WcStatus::Success));
+        assert_eq!(
+            b.take_cq_events().unwrap(),
+            (1, 0),
+            "event on the kept channel"
+        );
+        a.post_recv(1, 0).unwrap();
+        send(&mut *b, to_a, a.attrs().qpn, QKEY, 3, b"back");
+        assert_eq!(poll_all(&mut *a, CqKind::Recv).len(), 1);
+        b.deregister(poll.registry()).unwrap();
+    }
+
+    #[test]
+    fn renew_refuses_when_the_port_changed() {
+        let f = fabric();
+        let mut a = open(&f, "a");
+        let qpn = a.attrs().qpn;
+        f.reconfigure_device("a", Ipv4Addr::new(10, 0, 0, 9), 2048)
+            .unwrap();
+        assert!(matches!(a.renew(), Err(VerbsError::RenewRefused(_))));
+        assert_eq!(a.attrs().qpn, qpn, "nothing changed");
+        assert_eq!(f.renewals(), 0);
+        drop(a);
+        assert_eq!(f.live_qps(), 0);
     }
 
     #[test]

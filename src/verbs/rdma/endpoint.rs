@@ -34,7 +34,7 @@ use super::objects::{
 };
 use crate::verbs::{
     AhHandle, AsyncEvent, Completion, CqKind, Endpoint, EndpointAttrs, EndpointConfig, Gid,
-    GrhKind, PostSendError, SendWr, VerbsError, WcStatus,
+    GrhKind, PostRecvError, PostSendError, RecvWr, SendWr, VerbsError, WcStatus,
 };
 
 /// Inline data asked for at QP creation: enough for ARP and TCP ACK sized IPoIB packets,
@@ -45,6 +45,26 @@ const REQUESTED_MAX_INLINE: u32 = 128;
 /// Hop limit of every address handle (RoCEv2 puts it in the IP TTL / hop limit): the
 /// common IP default, ample for any data-centre path.
 const AH_HOP_LIMIT: u8 = 64;
+
+/// A QP and its CQs replaced by a renewal, waiting to be destroyed: the QP is in the
+/// error state and in no multicast group, and nothing polls the CQs. A QP in the error
+/// state processes no incoming packet (IBA; rxe drops them), so the slot memory its
+/// receive queue still names is never written through it.
+struct Retired {
+    qp: Qp,
+    recv_cq: Cq,
+    send_cq: Cq,
+}
+
+/// A UD QP in RTS on its own two CQs, made ahead of a renewal by `maintain` and not used
+/// until then: nothing posted, in no group, the CQs not armed.
+struct Queues {
+    qp: Qp,
+    recv_cq: Cq,
+    send_cq: Cq,
+    /// The inline size the QP was granted (0 without inline).
+    max_inline: u32,
+}
 
 /// One multicast group the QP is attached to.
 struct McastJoin {
@@ -61,6 +81,8 @@ struct McastJoin {
 /// [`RdmaEndpoint::close`] does the same and returns the first failure.
 pub struct RdmaEndpoint {
     attrs: EndpointAttrs,
+    /// What it was opened with (`renew` re-reads the port and GID table against it).
+    cfg: EndpointConfig,
     log: TeardownLog,
     link_layer: u8,
     layout: SlotLayout,
@@ -87,6 +109,8 @@ pub struct RdmaEndpoint {
     // Scratch arrays for the datapath, sized at open.
     send_wrs: Vec<ibv_send_wr>,
     send_sges: Vec<ibv_sge>,
+    recv_wrs: Vec<ibv_recv_wr>,
+    recv_sges: Vec<ibv_sge>,
     wcs: Vec<ibv_wc>,
     // Verbs objects, in teardown order (`teardown` closes them in this order; should it
     // be skipped, field drop order is the same).
@@ -94,6 +118,13 @@ pub struct RdmaEndpoint {
     /// removal is seen only through DEVICE_FATAL, on drivers that send it). First to go:
     /// the kernel's removal waits for it before it waits for the verbs contexts.
     watcher: Option<RemovalWatcher>,
+    /// The QP and CQs of the previous epoch after a renewal, until released (first to
+    /// go in a teardown: they depend on the PD, channel and context like the live ones).
+    retired: Option<Retired>,
+    /// The QP and CQs the next renewal will use, prepared by `maintain`.
+    spare: Option<Queues>,
+    /// Creating the spare failed since the last renewal: `maintain` does not retry.
+    spare_refused: bool,
     mcast: Vec<McastJoin>,
     ahs: Vec<Option<Ah>>,
     qp: Qp,
@@ -218,9 +249,11 @@ impl RdmaEndpoint {
             "verbs endpoint open"
         );
         let send_n = usize::try_from(cfg.send_slots).unwrap_or(usize::MAX);
+        let recv_n = usize::try_from(cfg.recv_slots).unwrap_or(usize::MAX);
         let wc_n = usize::try_from(cfg.recv_slots.max(cfg.send_slots)).unwrap_or(usize::MAX);
         Ok(RdmaEndpoint {
             attrs,
+            cfg: cfg.clone(),
             log,
             link_layer: port.link_layer,
             layout,
@@ -231,8 +264,13 @@ impl RdmaEndpoint {
             lost: None,
             send_wrs: (0..send_n).map(|_| zeroed()).collect(),
             send_sges: (0..send_n).map(|_| zeroed()).collect(),
+            recv_wrs: (0..recv_n).map(|_| zeroed()).collect(),
+            recv_sges: (0..recv_n).map(|_| zeroed()).collect(),
             wcs: (0..wc_n).map(|_| zeroed()).collect(),
             watcher,
+            retired: None,
+            spare: None,
+            spare_refused: false,
             mcast: Vec::new(),
             ahs: Vec::new(),
             qp,
@@ -341,6 +379,255 @@ impl RdmaEndpoint {
         Ok(Some(mapped))
     }
 
+    /// Read every pending completion event, acknowledge them, and count those for `recv`
+    /// and `send` (the endpoint's CQs, or during a renewal the old ones).
+    fn take_cq_events_of(
+        &mut self,
+        recv: *mut ibv_cq,
+        send: *mut ibv_cq,
+    ) -> Result<(u32, u32), VerbsError> {
+        let (mut n_recv, mut n_send) = (0u32, 0u32);
+        let mut failure = None;
+        loop {
+            let mut cq: *mut ibv_cq = ptr::null_mut();
+            let mut cq_ctx: *mut c_void = ptr::null_mut();
+            // SAFETY: the channel is live and its fd nonblocking; both out-pointers are
+            // valid. No other thread reads this channel (`&mut self`).
+            let ret = unsafe { ibv_get_cq_event(self.channel.as_ptr(), &mut cq, &mut cq_ctx) };
+            if ret != 0 {
+                match last_errno() {
+                    libc::EAGAIN => break,
+                    libc::EINTR => continue,
+                    e => {
+                        failure = Some(VerbsError::verb("ibv_get_cq_event", e));
+                        break;
+                    }
+                }
+            }
+            if cq == recv {
+                n_recv = n_recv.saturating_add(1);
+            } else if cq == send {
+                n_send = n_send.saturating_add(1);
+            } else if !cq.is_null() {
+                // Another CQ of this channel: one a renewal retired (events of its last
+                // completions may still come until it is destroyed). Acknowledge it at
+                // once so that destroying it never waits; it means nothing to the
+                // current QP.
+                // SAFETY: only this endpoint's CQs use this channel, and a CQ whose
+                // events are not all acknowledged is still live (ibv_destroy_cq waits
+                // for them), so `cq` is live.
+                unsafe { ibv_ack_cq_events(cq, 1) };
+            }
+        }
+        // Acknowledge in batch, on the error path too: an unacknowledged event makes
+        // ibv_destroy_cq wait forever.
+        for (cq, n) in [(recv, n_recv), (send, n_send)] {
+            if n > 0 {
+                // SAFETY: the CQ is live and `n` events were taken for it above.
+                unsafe { ibv_ack_cq_events(cq, n) };
+            }
+        }
+        match failure {
+            None => Ok((n_recv, n_send)),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// Destroy the QP and CQs a renewal retired, if any: the QP first, then its CQs. A
+    /// failure is logged, counted and returned (the objects are forgotten either way).
+    fn release_retired_queues(&mut self) -> Result<(), VerbsError> {
+        let Some(mut r) = self.retired.take() else {
+            return Ok(());
+        };
+        let start = std::time::Instant::now();
+        let qp = r.qp.close();
+        let qp_ms = start.elapsed().as_secs_f64() * 1e3;
+        // No event of the old CQs is left unacknowledged: `take_cq_events_of`
+        // acknowledges the events of any CQ at once, and the kernel drops unread ones.
+        let recv = r.recv_cq.close();
+        let send = r.send_cq.close();
+        tracing::debug!(
+            qp_ms,
+            total_ms = start.elapsed().as_secs_f64() * 1e3,
+            "retired QP and CQs destroyed"
+        );
+        qp.and(recv).and(send)
+    }
+
+    /// A receive and a send CQ on the endpoint's channel and a UD QP on them in RTS, as
+    /// at open (the same depths and inline request).
+    fn create_queues(&self) -> Result<Queues, VerbsError> {
+        let recv_cq = Cq::create(&self.ctx, self.attrs.recv_slots, &self.channel, &self.log)?;
+        let send_cq = Cq::create(&self.ctx, self.attrs.send_slots, &self.channel, &self.log)?;
+        let req = QpRequest {
+            max_send_wr: self.attrs.send_slots,
+            max_recv_wr: self.attrs.recv_slots,
+            max_inline_data: if self.attrs.max_inline == 0 {
+                0
+            } else {
+                REQUESTED_MAX_INLINE
+            },
+        };
+        let (qp, caps) = Qp::create_ud(&self.pd, &send_cq, &recv_cq, &req, &self.log)?;
+        bring_up(&qp, &self.cfg)?;
+        Ok(Queues {
+            qp,
+            recv_cq,
+            send_cq,
+            max_inline: if req.max_inline_data == 0 {
+                0
+            } else {
+                caps.max_inline_data
+            },
+        })
+    }
+
+    /// [`Endpoint::maintain`]: release the retired queues, then prepare the spare ones.
+    fn maintain_queues(&mut self) -> Result<(), VerbsError> {
+        let released = self.release_retired_queues();
+        if self.spare.is_none() && !self.spare_refused && self.lost.is_none() && !self.torn_down {
+            let start = std::time::Instant::now();
+            match self.create_queues() {
+                Ok(q) => {
+                    self.spare = Some(q);
+                    tracing::debug!(
+                        ms = start.elapsed().as_secs_f64() * 1e3,
+                        "spare QP and CQs prepared for the next renewal"
+                    );
+                }
+                Err(e) => {
+                    // Not an error of the datapath: the next renewal creates its own.
+                    // Not retried every housekeeping; a renewal allows one more try.
+                    self.spare_refused = true;
+                    tracing::warn!(error = %e, "no spare QP and CQs: the next renewal creates them");
+                }
+            }
+        }
+        released
+    }
+
+    /// [`Endpoint::renew`]: new CQs and QP are created, brought up and attached to the
+    /// endpoint's multicast groups while the old ones still exist, and swapped in only
+    /// when all of that worked; then the old QP is detached and kept aside with its CQs
+    /// (`retired`) until `Endpoint::maintain`. The new QP and CQs are the spare ones
+    /// `maintain` prepared, if it did.
+    /// On any failure before the swap nothing changes; a failed destroy of the old objects is logged, counted and returned (the
+    /// object is forgotten, the new ones are in place).
+    fn renew_queues(&mut self) -> Result<(), VerbsError> {
+        if let Some(ev) = self.lost {
+            return Err(VerbsError::RenewRefused(format!(
+                "the device was lost ({ev:?})"
+            )));
+        }
+        if self.torn_down {
+            return Err(VerbsError::RenewRefused("the endpoint is closed".into()));
+        }
+        // Where the time goes (logged): each step's end, from `t0`.
+        let t0 = std::time::Instant::now();
+        let mut marks = [0.0f64; 5];
+        let mut mark = |i: usize| marks[i] = t0.elapsed().as_secs_f64() * 1e3;
+        // The QP and CQs retired by the previous renewal, if nobody released them yet.
+        let mut first: Option<VerbsError> = self.release_retired_queues().err();
+        mark(0);
+        // Re-read the port and the GID table (they move after port flaps and re-adds):
+        // the registered slots are sized for the old MTU and the GID is our address.
+        let cfg = &self.cfg;
+        let port = device::query_port(&self.ctx, &cfg.device, cfg.port)?;
+        let gid = device::choose_gid(
+            &self.ctx,
+            &cfg.device,
+            cfg.port,
+            port.gid_tbl_len,
+            cfg.gid_index,
+        )?;
+        if port.mtu != self.attrs.port_mtu
+            || gid.gid != self.attrs.gid
+            || gid.index != self.attrs.gid_index
+            || grh_kind(&gid) != self.attrs.grh_kind
+        {
+            return Err(VerbsError::RenewRefused(format!(
+                "port MTU {} / GID {} at index {} now, {} / {} at index {} when opened",
+                port.mtu,
+                gid.gid,
+                gid.index,
+                self.attrs.port_mtu,
+                self.attrs.gid,
+                self.attrs.gid_index
+            )));
+        }
+        mark(1);
+        // The queues prepared ahead (`maintain`), else new ones now.
+        let spare_used = self.spare.is_some();
+        let Queues {
+            qp,
+            recv_cq,
+            send_cq,
+            max_inline,
+        } = match self.spare.take() {
+            Some(q) => q,
+            None => self.create_queues()?,
+        };
+        self.spare_refused = false;
+        mark(2);
+        // The new QP joins every group before the old one leaves, so the device's group
+        // never empties: no multicast filter update on the netdev (rxe), and the IP-level
+        // memberships are kept as they are.
+        for (i, join) in self.mcast.iter().enumerate() {
+            let g = raw_gid(&join.gid);
+            // SAFETY: the new QP is live; `g` is a valid GID; LID 0 (RoCE has no LIDs).
+            let ret = unsafe { ibv_attach_mcast(qp.as_ptr(), &g, 0) };
+            if ret != 0 {
+                // Leave the new QP as unattached as it came, so that it can be destroyed.
+                for done in &self.mcast[..i] {
+                    let _ = self
+                        .log
+                        .destroyed("ibv_detach_mcast", detach_raw(&qp, &done.gid));
+                }
+                return Err(VerbsError::verb("ibv_attach_mcast", ret_errno(ret)));
+            }
+        }
+        mark(3);
+        let mut keep = |r: Result<(), VerbsError>| {
+            if let Err(e) = r {
+                first.get_or_insert(e);
+            }
+        };
+        let old_qp = std::mem::replace(&mut self.qp, qp);
+        let old_recv = std::mem::replace(&mut self.recv_cq, recv_cq);
+        let old_send = std::mem::replace(&mut self.send_cq, send_cq);
+        // rxe refuses to destroy a QP that is still attached (EBUSY): detach first.
+        for join in &self.mcast {
+            keep(
+                self.log
+                    .destroyed("ibv_detach_mcast", detach_raw(&old_qp, &join.gid)),
+            );
+        }
+        mark(4);
+        // The old QP (in the error state, in no group, never polled again) and its CQs
+        // are destroyed later, by `maintain`, off the restart's critical path.
+        self.retired = Some(Retired {
+            qp: old_qp,
+            recv_cq: old_recv,
+            send_cq: old_send,
+        });
+        self.recvs_in_flight = 0;
+        self.sends_in_flight = 0;
+        let old_qpn = self.attrs.qpn;
+        self.attrs.qpn = self.qp.qp_num();
+        self.attrs.max_inline = max_inline;
+        let [prev_ms, port_ms, queues_ms, attach_ms, detach_ms] = marks;
+        tracing::debug!(
+            device = %self.attrs.device, old_qpn, qpn = self.attrs.qpn, spare_used,
+            prev_ms, port_ms, queues_ms, attach_ms, detach_ms,
+            "verbs endpoint renewed: new QP and CQs, context, PD, MR and channel kept \
+             (ms since the start of the renewal at the end of each step)"
+        );
+        match first {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+
     fn teardown(&mut self) -> Result<(), VerbsError> {
         if self.torn_down {
             return Ok(());
@@ -357,6 +644,12 @@ impl RdmaEndpoint {
         // object, so not counted.
         if let Some(mut w) = self.watcher.take() {
             let _ = w.close();
+        }
+        keep(self.release_retired_queues());
+        if let Some(mut q) = self.spare.take() {
+            keep(q.qp.close());
+            keep(q.recv_cq.close());
+            keep(q.send_cq.close());
         }
         // rxe refuses to destroy a QP that is still attached (EBUSY): detach first.
         for join in std::mem::take(&mut self.mcast) {
@@ -597,8 +890,8 @@ fn signaled_prefix(wrs: &[SendWr], room: u32) -> usize {
 
 /// How many work requests of a chain starting at `base` (length `n`) precede `bad`, the
 /// first one the provider did not post. `None` when `bad` is not in the chain.
-fn posted_before(base: *const ibv_send_wr, bad: *const ibv_send_wr, n: usize) -> Option<usize> {
-    let size = std::mem::size_of::<ibv_send_wr>();
+fn posted_before<T>(base: *const T, bad: *const T, n: usize) -> Option<usize> {
+    let size = std::mem::size_of::<T>();
     let delta = (bad as usize).checked_sub(base as usize)?;
     (delta % size == 0 && delta / size < n).then_some(delta / size)
 }
@@ -655,6 +948,81 @@ impl Endpoint for RdmaEndpoint {
         } else {
             Err(VerbsError::verb("ibv_post_recv", ret_errno(ret)))
         }
+    }
+
+    fn post_recv_chain(&mut self, wrs: &[RecvWr]) -> Result<(), PostRecvError> {
+        let n = wrs.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let reject = |error| Err(PostRecvError { posted: 0, error });
+        // Only as many as the receive CQ has room for (see `sends_in_flight`).
+        let room = self.attrs.recv_slots.saturating_sub(self.recvs_in_flight) as usize;
+        let fit = n.min(room).min(self.recv_wrs.len());
+        if fit == 0 {
+            return reject(VerbsError::verb("ibv_post_recv", libc::ENOMEM));
+        }
+        let lkey = self.mr.lkey();
+        // Validate and fill the scratch arrays; nothing is posted if any WR is invalid.
+        for (i, w) in wrs[..fit].iter().enumerate() {
+            let Some(off) = self.layout.recv_offset(w.slot) else {
+                return reject(VerbsError::Invalid {
+                    field: "slot",
+                    why: format!("receive slot {} of {}", w.slot, self.attrs.recv_slots),
+                });
+            };
+            self.recv_sges[i] = ibv_sge {
+                addr: self.region.addr(off),
+                length: self.recv_sge_len,
+                lkey,
+            };
+            let wr = &mut self.recv_wrs[i];
+            wr.wr_id = w.wr_id;
+            wr.num_sge = 1;
+        }
+        let wr_base = self.recv_wrs.as_mut_ptr();
+        let sge_base = self.recv_sges.as_mut_ptr();
+        for i in 0..fit {
+            // SAFETY: `i < fit <= len` of both arrays (checked above), so every pointer is
+            // in bounds; no Rust reference to either array is alive here.
+            unsafe {
+                let wr = wr_base.add(i);
+                (*wr).sg_list = sge_base.add(i);
+                (*wr).next = if i + 1 < fit {
+                    wr_base.add(i + 1)
+                } else {
+                    ptr::null_mut()
+                };
+            }
+        }
+        let mut bad: *mut ibv_recv_wr = ptr::null_mut();
+        // SAFETY: the QP is live; the chain of `fit` WRs and their SGEs lies in arrays
+        // that outlive the call (the provider copies them); every SGE covers one receive
+        // slot inside the MR.
+        let ret = unsafe { ibv_post_recv(self.qp.as_ptr(), wr_base, &mut bad) };
+        if ret == 0 {
+            self.recvs_in_flight += fit as u32;
+            return if fit == n {
+                Ok(())
+            } else {
+                Err(PostRecvError {
+                    posted: fit,
+                    error: VerbsError::verb("ibv_post_recv", libc::ENOMEM),
+                })
+            };
+        }
+        let posted = posted_before(wr_base, bad, fit).unwrap_or_else(|| {
+            tracing::warn!(
+                ret,
+                "ibv_post_recv failed without a bad_wr in the chain; assuming none posted"
+            );
+            0
+        });
+        self.recvs_in_flight += posted as u32;
+        Err(PostRecvError {
+            posted,
+            error: VerbsError::verb("ibv_post_recv", ret_errno(ret)),
+        })
     }
 
     fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), PostSendError> {
@@ -847,47 +1215,8 @@ impl Endpoint for RdmaEndpoint {
     }
 
     fn take_cq_events(&mut self) -> Result<(u32, u32), VerbsError> {
-        let recv = self.recv_cq.as_ptr();
-        let send = self.send_cq.as_ptr();
-        let (mut n_recv, mut n_send) = (0u32, 0u32);
-        let mut failure = None;
-        loop {
-            let mut cq: *mut ibv_cq = ptr::null_mut();
-            let mut cq_ctx: *mut c_void = ptr::null_mut();
-            // SAFETY: the channel is live and its fd nonblocking; both out-pointers are
-            // valid. No other thread reads this channel (`&mut self`).
-            let ret = unsafe { ibv_get_cq_event(self.channel.as_ptr(), &mut cq, &mut cq_ctx) };
-            if ret != 0 {
-                match last_errno() {
-                    libc::EAGAIN => break,
-                    libc::EINTR => continue,
-                    e => {
-                        failure = Some(VerbsError::verb("ibv_get_cq_event", e));
-                        break;
-                    }
-                }
-            }
-            if cq == recv {
-                n_recv = n_recv.saturating_add(1);
-            } else if cq == send {
-                n_send = n_send.saturating_add(1);
-            } else {
-                // Only our two CQs use this channel; nothing to acknowledge it against.
-                tracing::warn!("completion event for a CQ this endpoint does not own");
-            }
-        }
-        // Acknowledge in batch, on the error path too: an unacknowledged event makes
-        // ibv_destroy_cq wait forever.
-        for (cq, n) in [(recv, n_recv), (send, n_send)] {
-            if n > 0 {
-                // SAFETY: the CQ is live and `n` events were taken for it above.
-                unsafe { ibv_ack_cq_events(cq, n) };
-            }
-        }
-        match failure {
-            None => Ok((n_recv, n_send)),
-            Some(e) => Err(e),
-        }
+        let (recv, send) = (self.recv_cq.as_ptr(), self.send_cq.as_ptr());
+        self.take_cq_events_of(recv, send)
     }
 
     fn next_async_event(&mut self) -> Result<Option<AsyncEvent>, VerbsError> {
@@ -1001,6 +1330,14 @@ impl Endpoint for RdmaEndpoint {
             ibv_qp_attr_mask::IBV_QP_STATE,
             "ibv_modify_qp(ERR)",
         )
+    }
+
+    fn renew(&mut self) -> Result<(), VerbsError> {
+        self.renew_queues()
+    }
+
+    fn maintain(&mut self) -> Result<(), VerbsError> {
+        self.maintain_queues()
     }
 }
 
