@@ -25,6 +25,7 @@
 
 pub mod fault;
 pub mod rdma;
+pub mod retire;
 pub mod sim;
 
 use std::fmt;
@@ -455,8 +456,9 @@ pub trait Endpoint: Send {
     fn renew(&mut self) -> Result<(), VerbsError>;
 
     /// Housekeeping between restarts, off their critical path (the datapath calls it
-    /// from its periodic housekeeping): destroy the QP and CQs the last
-    /// [`Endpoint::renew`] replaced, if the provider kept them aside, and prepare the QP
+    /// from its periodic housekeeping): destroy the QPs and CQs that [`Endpoint::renew`]
+    /// replaced, if the provider kept them aside and they are due (the real provider
+    /// keeps each for a grace period: see [`retire`]), and prepare the QP
     /// and CQs the next `renew` will use, if it makes them ahead. The real provider does
     /// both: creating and destroying a 4096-entry CQ and its QP costs milliseconds under
     /// emulation. A retired QP is in the error state, in no group and never polled; a

@@ -22,6 +22,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, UdpSocket};
 use std::os::raw::{c_int, c_void};
 use std::os::unix::io::RawFd;
 use std::ptr;
+use std::time::Instant;
 
 use mio::unix::SourceFd;
 use rdma_sys::*;
@@ -32,6 +33,7 @@ use super::objects::{
     Ah, CompChannel, Context, Cq, Mr, Pd, Qp, QpRequest, Region, SlotLayout, TeardownLog,
     last_errno, ret_errno, set_nonblocking, zeroed,
 };
+use crate::verbs::retire::{RETIRE_GRACE, RETIRED_CAP, Retirement};
 use crate::verbs::{
     AhHandle, AsyncEvent, Completion, CqKind, Endpoint, EndpointAttrs, EndpointConfig, Gid,
     GrhKind, PostRecvError, PostSendError, RecvWr, SendWr, VerbsError, WcStatus,
@@ -46,8 +48,9 @@ const REQUESTED_MAX_INLINE: u32 = 128;
 /// common IP default, ample for any data-centre path.
 const AH_HOP_LIMIT: u8 = 64;
 
-/// A QP and its CQs replaced by a renewal, waiting to be destroyed: the QP is in the
-/// error state and in no multicast group, and nothing polls the CQs. A QP in the error
+/// A QP and its CQs replaced by a renewal, waiting out their grace period (see
+/// [`crate::verbs::retire`]) before they are destroyed: the QP is in the error state and
+/// in no multicast group, and nothing polls the CQs. A QP in the error
 /// state processes no incoming packet (IBA; rxe drops them), so the slot memory its
 /// receive queue still names is never written through it.
 struct Retired {
@@ -118,9 +121,10 @@ pub struct RdmaEndpoint {
     /// removal is seen only through DEVICE_FATAL, on drivers that send it). First to go:
     /// the kernel's removal waits for it before it waits for the verbs contexts.
     watcher: Option<RemovalWatcher>,
-    /// The QP and CQs of the previous epoch after a renewal, until released (first to
-    /// go in a teardown: they depend on the PD, channel and context like the live ones).
-    retired: Option<Retired>,
+    /// The QPs and CQs that renewals replaced, until their grace is over (see
+    /// [`crate::verbs::retire`]; first to go in a teardown: they depend on the PD,
+    /// channel and context like the live ones).
+    retired: Retirement<Retired>,
     /// The QP and CQs the next renewal will use, prepared by `maintain`.
     spare: Option<Queues>,
     /// Creating the spare failed since the last renewal: `maintain` does not retry.
@@ -268,7 +272,7 @@ impl RdmaEndpoint {
             recv_sges: (0..recv_n).map(|_| zeroed()).collect(),
             wcs: (0..wc_n).map(|_| zeroed()).collect(),
             watcher,
-            retired: None,
+            retired: Retirement::new(RETIRE_GRACE, RETIRED_CAP),
             spare: None,
             spare_refused: false,
             mcast: Vec::new(),
@@ -433,25 +437,40 @@ impl RdmaEndpoint {
         }
     }
 
-    /// Destroy the QP and CQs a renewal retired, if any: the QP first, then its CQs. A
-    /// failure is logged, counted and returned (the objects are forgotten either way).
-    fn release_retired_queues(&mut self) -> Result<(), VerbsError> {
-        let Some(mut r) = self.retired.take() else {
-            return Ok(());
-        };
-        let start = std::time::Instant::now();
-        let qp = r.qp.close();
-        let qp_ms = start.elapsed().as_secs_f64() * 1e3;
-        // No event of the old CQs is left unacknowledged: `take_cq_events_of`
-        // acknowledges the events of any CQ at once, and the kernel drops unread ones.
-        let recv = r.recv_cq.close();
-        let send = r.send_cq.close();
-        tracing::debug!(
-            qp_ms,
-            total_ms = start.elapsed().as_secs_f64() * 1e3,
-            "retired QP and CQs destroyed"
-        );
-        qp.and(recv).and(send)
+    /// Destroy the retired QPs and CQs that are due at `now` (every one with `None`, for
+    /// a teardown): each QP first, then its CQs. A failure is logged, counted and the
+    /// first one returned (the objects are forgotten either way).
+    fn release_retired_queues(&mut self, now: Option<Instant>) -> Result<(), VerbsError> {
+        let mut first: Option<VerbsError> = None;
+        loop {
+            let next = match now {
+                Some(now) => self.retired.take_due(now),
+                None => self.retired.take_oldest(),
+            };
+            let Some(mut r) = next else {
+                break;
+            };
+            let start = Instant::now();
+            let qp = r.qp.close();
+            let qp_ms = start.elapsed().as_secs_f64() * 1e3;
+            // No event of the old CQs is left unacknowledged: `take_cq_events_of`
+            // acknowledges the events of any CQ at once, and the kernel drops unread ones.
+            let recv = r.recv_cq.close();
+            let send = r.send_cq.close();
+            tracing::debug!(
+                qp_ms,
+                total_ms = start.elapsed().as_secs_f64() * 1e3,
+                still_retired = self.retired.len(),
+                "retired QP and CQs destroyed"
+            );
+            if let Err(e) = qp.and(recv).and(send) {
+                first.get_or_insert(e);
+            }
+        }
+        match first {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
     }
 
     /// A receive and a send CQ on the endpoint's channel and a UD QP on them in RTS, as
@@ -484,9 +503,9 @@ impl RdmaEndpoint {
 
     /// [`Endpoint::maintain`]: release the retired queues, then prepare the spare ones.
     fn maintain_queues(&mut self) -> Result<(), VerbsError> {
-        let released = self.release_retired_queues();
+        let released = self.release_retired_queues(Some(Instant::now()));
         if self.spare.is_none() && !self.spare_refused && self.lost.is_none() && !self.torn_down {
-            let start = std::time::Instant::now();
+            let start = Instant::now();
             match self.create_queues() {
                 Ok(q) => {
                     self.spare = Some(q);
@@ -523,11 +542,13 @@ impl RdmaEndpoint {
             return Err(VerbsError::RenewRefused("the endpoint is closed".into()));
         }
         // Where the time goes (logged): each step's end, from `t0`.
-        let t0 = std::time::Instant::now();
+        let t0 = Instant::now();
         let mut marks = [0.0f64; 5];
         let mut mark = |i: usize| marks[i] = t0.elapsed().as_secs_f64() * 1e3;
-        // The QP and CQs retired by the previous renewal, if nobody released them yet.
-        let mut first: Option<VerbsError> = self.release_retired_queues().err();
+        // Retired QPs and CQs that are due and that nobody released yet (only beyond the
+        // cap, in a restart storm that leaves the poller no housekeeping, is one due this
+        // early).
+        let mut first: Option<VerbsError> = self.release_retired_queues(Some(Instant::now())).err();
         mark(0);
         // Re-read the port and the GID table (they move after port flaps and re-adds):
         // the registered slots are sized for the old MTU and the GID is our address.
@@ -604,12 +625,16 @@ impl RdmaEndpoint {
         }
         mark(4);
         // The old QP (in the error state, in no group, never polled again) and its CQs
-        // are destroyed later, by `maintain`, off the restart's critical path.
-        self.retired = Some(Retired {
-            qp: old_qp,
-            recv_cq: old_recv,
-            send_cq: old_send,
-        });
+        // are destroyed later, by `maintain`, once their grace is over: off the
+        // restart's critical path, and after rxe has let go of the QP's packets.
+        self.retired.retire(
+            Instant::now(),
+            Retired {
+                qp: old_qp,
+                recv_cq: old_recv,
+                send_cq: old_send,
+            },
+        );
         self.recvs_in_flight = 0;
         self.sends_in_flight = 0;
         let old_qpn = self.attrs.qpn;
@@ -645,7 +670,7 @@ impl RdmaEndpoint {
         if let Some(mut w) = self.watcher.take() {
             let _ = w.close();
         }
-        keep(self.release_retired_queues());
+        keep(self.release_retired_queues(None));
         if let Some(mut q) = self.spare.take() {
             keep(q.qp.close());
             keep(q.recv_cq.close());
