@@ -27,8 +27,9 @@ LAB_VM_PKGS=(qemu-system-x86 busybox-static rdma-core ibverbs-utils perftest ipe
 
 # Modules loaded by lab-guest-init (their dependencies are pulled in automatically).
 # tcp_diag: `ss -ti` shows per-connection byte counters (scripts/lab-guest-faults).
+# sch_tbf: the held-packets scenario holds eth0's packets in a `tc ... tbf` queue.
 LAB_GUEST_MODULES=(crc32_generic virtio_pci virtio_net virtio_rng 9pnet_virtio 9p overlay tun
-	rdma_rxe ib_uverbs rdma_ucm tcp_diag)
+	rdma_rxe ib_uverbs rdma_ucm tcp_diag sch_tbf)
 
 # Bump when the initramfs layout changes in a way the hashed inputs do not show.
 LAB_INITRAMFS_FORMAT=1
