@@ -8,6 +8,7 @@
 //! goes on, and the report lists every failure. Faults are cleared before the first step
 //! and after the last.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
@@ -318,12 +319,24 @@ fn mean_in(iv: &[(u64, f64)], from: u64, to: u64) -> Option<f64> {
     (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
 
+/// Reads of the daemon's counters and status while faults are followed. A failed read
+/// is never taken for zeros (no restarts, empty counters): the last good reading stands
+/// in, and the run reports the failure and fails.
+#[derive(Default)]
+struct Reads {
+    failed: u64,
+    first_error: Option<String>,
+    stats: Option<Snapshot>,
+    status: Option<Status>,
+}
+
 /// Plays a scenario.
 pub struct Runner {
     client: Client,
     scenario: Scenario,
     started: Instant,
     quiet: bool,
+    reads: RefCell<Reads>,
 }
 
 impl Runner {
@@ -336,7 +349,67 @@ impl Runner {
             scenario,
             started: Instant::now(),
             quiet: false,
+            reads: RefCell::new(Reads::default()),
         }
+    }
+
+    /// The daemon's counters, or the last good reading if this read fails.
+    fn read_stats(&self) -> Snapshot {
+        match self.client.stats() {
+            Ok(s) => {
+                self.reads.borrow_mut().stats = Some(s.clone());
+                s
+            }
+            Err(e) => {
+                self.read_failed("counters", &e);
+                self.reads.borrow().stats.clone().unwrap_or_default()
+            }
+        }
+    }
+
+    /// The daemon's status, or the last good reading if this read fails.
+    fn read_status(&self) -> Status {
+        match self.client.status() {
+            Ok(s) => {
+                self.reads.borrow_mut().status = Some(s.clone());
+                s
+            }
+            Err(e) => {
+                self.read_failed("status", &e);
+                self.reads.borrow().status.clone().unwrap_or_default()
+            }
+        }
+    }
+
+    fn read_failed(&self, what: &str, e: &ControlError) {
+        let first = {
+            let mut r = self.reads.borrow_mut();
+            r.failed += 1;
+            r.first_error.is_none() && {
+                r.first_error = Some(format!("{what}: {e}"));
+                true
+            }
+        };
+        if first {
+            self.say(&format!(
+                "reading the daemon's {what} failed: {e} (the last good reading stands in; the run will fail)"
+            ));
+        }
+    }
+
+    /// The check that every read of the daemon's counters and status worked, if one did
+    /// not.
+    fn reads_check(&self) -> Option<Outcome> {
+        let r = self.reads.borrow();
+        (r.failed > 0).then(|| Outcome {
+            what: "every read of the daemon's counters and status worked".into(),
+            ok: false,
+            detail: format!(
+                "{} failed, the first: {}; figures after it may be stale",
+                r.failed,
+                r.first_error.as_deref().unwrap_or("?")
+            ),
+        })
     }
 
     /// No progress lines on stderr.
@@ -539,6 +612,7 @@ impl Runner {
                 .push(format!("clearing faults at the end: {e}"));
         }
         report.checks = self.at_rest();
+        report.checks.extend(self.reads_check());
         for r in records.iter_mut() {
             r.rep.passed = r.rep.expectations.iter().all(|o| o.ok);
             for o in r.rep.expectations.iter().filter(|o| !o.ok) {
@@ -605,8 +679,8 @@ impl Runner {
         if let Some(r) = records.last_mut() {
             self.close(r, sampler, None);
         }
-        let start = self.client.stats().unwrap_or_default();
-        let status = self.client.status().unwrap_or_default();
+        let start = self.read_stats();
+        let status = self.read_status();
         let faults = self.client.faults().unwrap_or(Value::Null);
         let seq0 = faults["recent"]
             .as_array()
@@ -634,8 +708,8 @@ impl Runner {
 
     /// Bring a record's measurements up to date.
     fn refresh(&self, r: &mut Record, samples: &[Sample]) -> (Snapshot, Status) {
-        let now = self.client.stats().unwrap_or_default();
-        let status = self.client.status().unwrap_or_default();
+        let now = self.read_stats();
+        let status = self.read_status();
         let rep = &mut r.rep;
         if let Ok(f) = self.client.faults() {
             rep.fired = f["injected"]

@@ -262,3 +262,118 @@ fn iperf3_interval_lines_give_their_throughput() {
     assert_eq!(iperf3_interval_mbps("Connecting to host 198.18.1.1"), None);
     assert_eq!(iperf3_interval_mbps("[  5]   1.00-2.00   sec  x y z"), None);
 }
+
+/// A control socket that answers like a running daemon with no faults, except that from
+/// its `bad_from`-th `status` request on it answers with something that is not a status.
+fn fake_daemon(path: &Path, bad_from: usize) -> std::thread::JoinHandle<()> {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixListener;
+    let listener = UnixListener::bind(path).unwrap();
+    std::thread::spawn(move || {
+        let mut statuses = 0;
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let mut line = String::new();
+            if BufReader::new(&stream).read_line(&mut line).is_err() {
+                continue;
+            }
+            let req: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+            let reply = match req["cmd"].as_str() {
+                Some("status") => {
+                    statuses += 1;
+                    if statuses >= bad_from {
+                        serde_json::json!({"ok": true, "status": {"state": 7}})
+                    } else {
+                        let st = crate::supervisor::Status {
+                            state: "running".into(),
+                            epoch: 1,
+                            ..Default::default()
+                        };
+                        serde_json::json!({"ok": true, "status": st})
+                    }
+                }
+                Some("stats") => {
+                    serde_json::json!({"ok": true, "stats": crate::stats::Snapshot::default()})
+                }
+                Some("faults") => serde_json::json!({"ok": true, "injected": 0, "recent": []}),
+                Some("quit") => return,
+                _ => serde_json::json!({"ok": true}),
+            };
+            let _ = writeln!(&stream, "{reply}");
+        }
+    })
+}
+
+fn run_against_fake(tag: &str, bad_from: usize) -> super::report::Report {
+    let dir = std::env::temp_dir().join(format!("uipoib-reads-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("ctl.sock");
+    let server = fake_daemon(&sock, bad_from);
+    let s = parse(
+        r#"
+name = "reads"
+description = "a fault record and an expectation against a fake daemon"
+
+[[step]]
+do = "exec"
+fault = "probe"
+command = ["true"]
+
+[[step]]
+do = "wait"
+ms = 300
+
+[[step]]
+do = "expect"
+within_ms = 300
+state = "running"
+"#,
+    )
+    .unwrap();
+    let report = super::run::Runner::new(s, &sock).quiet().run().unwrap();
+    let _ = crate::control::request(&sock, "quit");
+    server.join().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    report
+}
+
+#[test]
+fn a_failed_status_read_is_reported_not_taken_for_zeros() {
+    // Two good status reads (the start and the fault record's opening), then garbage:
+    // the expectation sees the last good status, and the run fails saying why.
+    let r = run_against_fake("bad", 3);
+    assert!(!r.passed, "{r:?}");
+    let f = &r.faults[0];
+    assert!(f.expectations.iter().all(|o| o.ok), "{:?}", f.expectations);
+    let check = r
+        .checks
+        .iter()
+        .find(|o| {
+            o.what
+                .contains("every read of the daemon's counters and status")
+        })
+        .expect("a check for the failed reads");
+    assert!(!check.ok);
+    assert!(
+        check.detail.starts_with("status: ") || check.detail.contains("the first: status"),
+        "{}",
+        check.detail
+    );
+    assert!(
+        r.failures.iter().any(|l| l.contains("every read")),
+        "{:?}",
+        r.failures
+    );
+}
+
+#[test]
+fn good_reads_add_no_check() {
+    let r = run_against_fake("good", usize::MAX);
+    assert!(r.passed, "{:?}", r.failures);
+    assert!(
+        !r.checks.iter().any(|o| o.what.contains("every read")),
+        "{:?}",
+        r.checks
+    );
+}
