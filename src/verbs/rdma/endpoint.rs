@@ -913,6 +913,47 @@ fn signaled_prefix(wrs: &[SendWr], room: u32) -> usize {
     wrs.len()
 }
 
+/// A verbs work request as a chain links it: to its SGE and to the next request.
+trait Chained {
+    fn link(&mut self, sge: *mut ibv_sge, next: *mut Self);
+}
+
+impl Chained for ibv_recv_wr {
+    fn link(&mut self, sge: *mut ibv_sge, next: *mut Self) {
+        self.sg_list = sge;
+        self.next = next;
+    }
+}
+
+impl Chained for ibv_send_wr {
+    fn link(&mut self, sge: *mut ibv_sge, next: *mut Self) {
+        self.sg_list = sge;
+        self.next = next;
+    }
+}
+
+/// Link `wrs[..n]` into one chain, the i-th request to `sges[i]`, and return its head.
+/// The pointers are taken once from each array and written through, so the chain stays
+/// valid for the post that follows as long as the arrays are not touched in between.
+fn link_chain<W: Chained>(wrs: &mut [W], sges: &mut [ibv_sge], n: usize) -> *mut W {
+    let n = n.min(wrs.len()).min(sges.len());
+    let wr_base = wrs.as_mut_ptr();
+    let sge_base = sges.as_mut_ptr();
+    for i in 0..n {
+        // SAFETY: `i < n <= len` of both arrays, so every pointer is in bounds; no other
+        // reference to either array is alive while the chain is written.
+        unsafe {
+            let next = if i + 1 < n {
+                wr_base.add(i + 1)
+            } else {
+                ptr::null_mut()
+            };
+            (*wr_base.add(i)).link(sge_base.add(i), next);
+        }
+    }
+    wr_base
+}
+
 /// How many work requests of a chain starting at `base` (length `n`) precede `bad`, the
 /// first one the provider did not post. `None` when `bad` is not in the chain.
 fn posted_before<T>(base: *const T, bad: *const T, n: usize) -> Option<usize> {
@@ -1005,21 +1046,7 @@ impl Endpoint for RdmaEndpoint {
             wr.wr_id = w.wr_id;
             wr.num_sge = 1;
         }
-        let wr_base = self.recv_wrs.as_mut_ptr();
-        let sge_base = self.recv_sges.as_mut_ptr();
-        for i in 0..fit {
-            // SAFETY: `i < fit <= len` of both arrays (checked above), so every pointer is
-            // in bounds; no Rust reference to either array is alive here.
-            unsafe {
-                let wr = wr_base.add(i);
-                (*wr).sg_list = sge_base.add(i);
-                (*wr).next = if i + 1 < fit {
-                    wr_base.add(i + 1)
-                } else {
-                    ptr::null_mut()
-                };
-            }
-        }
+        let wr_base = link_chain(&mut self.recv_wrs, &mut self.recv_sges, fit);
         let mut bad: *mut ibv_recv_wr = ptr::null_mut();
         // SAFETY: the QP is live; the chain of `fit` WRs and their SGEs lies in arrays
         // that outlive the call (the provider copies them); every SGE covers one receive
@@ -1118,22 +1145,7 @@ impl Endpoint for RdmaEndpoint {
         if fit == 0 {
             return reject(VerbsError::verb("ibv_post_send", libc::ENOMEM));
         }
-        // Link the chain through pointers taken once from each array.
-        let wr_base = self.send_wrs.as_mut_ptr();
-        let sge_base = self.send_sges.as_mut_ptr();
-        for i in 0..fit {
-            // SAFETY: `i < fit <= n <= len` of both arrays (checked above), so every
-            // pointer is in bounds; no Rust reference to either array is alive here.
-            unsafe {
-                let wr = wr_base.add(i);
-                (*wr).sg_list = sge_base.add(i);
-                (*wr).next = if i + 1 < fit {
-                    wr_base.add(i + 1)
-                } else {
-                    ptr::null_mut()
-                };
-            }
-        }
+        let wr_base = link_chain(&mut self.send_wrs, &mut self.send_sges, fit);
         let mut bad: *mut ibv_send_wr = ptr::null_mut();
         // SAFETY: the QP is live; the chain of `fit` WRs and their SGEs lies in arrays
         // that outlive the call; every SGE covers part of one send slot inside the MR and
@@ -1440,5 +1452,28 @@ mod tests {
         assert_eq!(posted_before(base, ptr::null(), 4), None);
         let odd = (base as usize + 1) as *const ibv_send_wr;
         assert_eq!(posted_before(base, odd, 4), None);
+    }
+
+    #[test]
+    fn a_chain_links_each_request_to_its_sge_and_the_next() {
+        let mut wrs: Vec<ibv_recv_wr> = (0..4).map(|_| zeroed()).collect();
+        let mut sges: Vec<ibv_sge> = (0..4).map(|_| zeroed()).collect();
+        let head = link_chain(&mut wrs, &mut sges, 3);
+        assert_eq!(head, wrs.as_mut_ptr());
+        let sge_base = sges.as_mut_ptr();
+        for (i, wr) in wrs[..3].iter().enumerate() {
+            assert_eq!(wr.sg_list, sge_base.wrapping_add(i));
+        }
+        let base = wrs.as_mut_ptr();
+        assert_eq!(wrs[0].next, base.wrapping_add(1));
+        assert_eq!(wrs[1].next, base.wrapping_add(2));
+        assert!(wrs[2].next.is_null(), "the chain ends at n");
+        // The request past the chain is left as it was.
+        assert!(wrs[3].sg_list.is_null() && wrs[3].next.is_null());
+        // n beyond the arrays links what there is.
+        let mut short: Vec<ibv_sge> = (0..2).map(|_| zeroed()).collect();
+        let mut send: Vec<ibv_send_wr> = (0..4).map(|_| zeroed()).collect();
+        link_chain(&mut send, &mut short, 4);
+        assert!(send[1].next.is_null() && send[2].sg_list.is_null());
     }
 }
