@@ -355,28 +355,32 @@ impl Runner {
 
     /// The daemon's counters, or the last good reading if this read fails.
     fn read_stats(&self) -> Snapshot {
-        match self.client.stats() {
-            Ok(s) => {
-                self.reads.borrow_mut().stats = Some(s.clone());
-                s
-            }
-            Err(e) => {
-                self.read_failed("counters", &e);
-                self.reads.borrow().stats.clone().unwrap_or_default()
-            }
-        }
+        self.read_or_last("counters", self.client.stats(), |r| &mut r.stats)
     }
 
     /// The daemon's status, or the last good reading if this read fails.
     fn read_status(&self) -> Status {
-        match self.client.status() {
-            Ok(s) => {
-                self.reads.borrow_mut().status = Some(s.clone());
-                s
+        self.read_or_last("status", self.client.status(), |r| &mut r.status)
+    }
+
+    /// `got`, kept as the last good reading of `what`; on a failed read, that last good
+    /// reading (the failure is recorded).
+    fn read_or_last<T: Clone + Default>(
+        &self,
+        what: &str,
+        got: Result<T, ControlError>,
+        last: impl Fn(&mut Reads) -> &mut Option<T>,
+    ) -> T {
+        match got {
+            Ok(v) => {
+                *last(&mut self.reads.borrow_mut()) = Some(v.clone());
+                v
             }
             Err(e) => {
-                self.read_failed("status", &e);
-                self.reads.borrow().status.clone().unwrap_or_default()
+                self.read_failed(what, &e);
+                last(&mut self.reads.borrow_mut())
+                    .clone()
+                    .unwrap_or_default()
             }
         }
     }
