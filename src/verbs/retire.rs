@@ -4,10 +4,11 @@
 //! an skb that holds a reference on the QP until the netdev frees it, and the send's
 //! completion is generated when the skb is handed over, not when it is freed. An skb can
 //! wait for seconds on the way out, in the neighbour layer while the peer's address is
-//! re-resolved, or in a stalled TX queue. Destroying a QP then makes rxe (Linux 6.1)
-//! wait 200 ms for the reference, warn (`__rxe_cleanup`) and free the QP anyway; the
-//! skb's destructor later touches the freed QP. Seen in the lab: after such a destroy,
-//! sends on the device never completed again.
+//! re-resolved, or in a stalled TX queue. Destroying such a QP blocks until its packets
+//! go (1.2 s in the lab with packets held in a `tc` queue); if they do not go in time,
+//! rxe (Linux 6.1) warns (`__rxe_cleanup`) and frees the QP anyway, and the skb's
+//! destructor later touches the freed QP. Seen in the lab: after such a warning, sends
+//! on the device never completed again.
 //!
 //! So a retired QP (in the error state, in no group, never polled) is kept for a grace
 //! period longer than any such wait before it is destroyed. The neighbour layer gives
