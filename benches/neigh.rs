@@ -36,7 +36,7 @@ fn table(n: usize) -> (Neighbours, Vec<(Ipv4Addr, IpoibAddr, Mac)>) {
     let mut all = Vec::with_capacity(n);
     for i in 0..n {
         let (ip, hw) = entry(i);
-        let (mac, _) = t.learn(Some(ip), hw, now, &mut destroy);
+        let (mac, _) = t.learn(Some(ip), hw, true, now, &mut destroy);
         t.set_ah(&mac, AhHandle(i as u32));
         all.push((ip, hw, mac));
     }
@@ -88,7 +88,7 @@ fn bench_neigh(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::new("learn", n), &n, |b, _| {
             b.iter(|| {
                 let (ip, hw, _) = next();
-                t.learn(Some(black_box(ip)), hw, now, &mut destroy).1
+                t.learn(Some(black_box(ip)), hw, true, now, &mut destroy).1
             })
         });
         assert_eq!(t.len(), n);

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::{Config, Ipv4Cidr};
 use crate::ledger::{Ledger, Ring, SendMeta};
-use crate::neigh::{Learned, Neighbours};
+use crate::neigh::{Learned, Neighbours, Seen};
 use crate::stats::{self, DropReason, Stats};
 use crate::verbs::{
     AhHandle, Completion, CqKind, Dest, Endpoint, EndpointConfig, GRH_LEN, Gid, MULTICAST_QPN,
@@ -314,6 +314,14 @@ pub struct Interface {
     tx_timeout: Duration,
     /// Set while `shutdown` drains flushes (expected then).
     draining: bool,
+    /// Set when a `poll_cq` of this epoch failed (or a post left unknown what was posted,
+    /// or the QP could not be moved to the error state, or its flushes did not all
+    /// arrive): no CQ of this epoch is polled again (not even by the teardown's drain),
+    /// and the QP is destroyed before anything it may own is reaped or re-posted.
+    untrusted: bool,
+    /// A verb failed in a way that leaves the ledger unsure of what was posted (a
+    /// `bad_wr` outside the chain): the next call from the poller hands over.
+    broken: Option<VerbsError>,
     /// Flush completions seen outside a teardown since the last check.
     unexpected_flushes: u64,
     /// Where the time of this epoch's open went.
@@ -439,6 +447,8 @@ impl Interface {
             log: RateLimit::new(10),
             tx_timeout: p.tx_timeout,
             draining: false,
+            untrusted: false,
+            broken: None,
             unexpected_flushes: 0,
             open_times: times,
             ep,
@@ -566,7 +576,7 @@ impl Interface {
         let mut polled = Ok(());
         while done < self.budget {
             let want = self.poll_batch.min(self.budget - done);
-            let n = match self.poll_recv_batch(want, tap, now) {
+            let n = match self.poll_recv_batch(want, Some(tap), now) {
                 Ok(n) => n,
                 Err(e) => {
                     polled = Err(e);
@@ -596,11 +606,21 @@ impl Interface {
         Ok(done)
     }
 
-    /// Flushes outside a teardown mean the QP is in the error state: hand over.
+    /// Flushes outside a teardown mean the QP is in the error state, and a post that left
+    /// the ledger unsure of what was posted breaks the epoch: hand over.
     fn check_flushes(&mut self) -> Result<(), Failure> {
+        self.check_broken()?;
         if self.unexpected_flushes > 0 {
             let n = std::mem::take(&mut self.unexpected_flushes);
             return Err(Failure::QpError(n));
+        }
+        Ok(())
+    }
+
+    fn check_broken(&mut self) -> Result<(), Failure> {
+        if let Some(e) = self.broken.take() {
+            self.untrusted = true;
+            return Err(Failure::Verbs(e));
         }
         Ok(())
     }
@@ -610,10 +630,7 @@ impl Interface {
         let mut done = 0;
         loop {
             let want = self.wc.len();
-            let n = self
-                .ep
-                .poll_cq(CqKind::Send, &mut self.wc[..want])
-                .map_err(Failure::PollFailed)?;
+            let n = self.poll(CqKind::Send, want)?;
             for i in 0..n {
                 let c = self.wc[i];
                 self.on_send_done(c, now);
@@ -644,7 +661,7 @@ impl Interface {
     }
 
     fn on_send_done(&mut self, c: Completion, now: Instant) {
-        let acc = match self.ledger.complete(c.wr_id, c.status) {
+        let acc = match self.ledger.complete(Ring::Send, c.wr_id, c.status) {
             Ok(a) => a,
             Err(e) => {
                 stats::add(&self.stats.completions_rejected, 1);
@@ -683,8 +700,8 @@ impl Interface {
         }
     }
 
-    fn on_recv(&mut self, c: Completion, tap: &dyn FrameIo, now: Instant) {
-        let slot = match self.ledger.complete(c.wr_id, c.status) {
+    fn on_recv(&mut self, c: Completion, tap: Option<&dyn FrameIo>, now: Instant) {
+        let slot = match self.ledger.complete(Ring::Recv, c.wr_id, c.status) {
             Ok(a) => a.id.slot,
             Err(e) => {
                 stats::add(&self.stats.completions_rejected, 1);
@@ -734,7 +751,8 @@ impl Interface {
             },
         );
         match r {
-            Ok(Some(n)) => match tap.write_frame(&self.frame[..n]) {
+            Ok(Some(_)) if tap.is_none() => self.stats.count_drop(DropReason::RxTeardown),
+            Ok(Some(n)) => match tap.map_or(Ok(0), |t| t.write_frame(&self.frame[..n])) {
                 Ok(_) => {
                     stats::add(&self.stats.rx_packets, 1);
                     stats::add(
@@ -803,6 +821,7 @@ impl Interface {
             }
         }
         self.flush_chain(now);
+        self.check_broken()?;
         Ok(taken)
     }
 
@@ -1007,7 +1026,13 @@ impl Interface {
                 if self.log.allow(now) {
                     tracing::warn!(error = %e, "posting sends failed");
                 }
-                e.posted
+                let posted = e.posted.min(self.chain.len());
+                if let VerbsError::BadWrOutsideChain { .. } = e.error {
+                    // Which of the chain went is unknown: all count as posted (reaped once
+                    // the QP is destroyed) and the interface restarts.
+                    self.broken = Some(e.error);
+                }
+                posted
             }
         };
         for (i, (wr, meta)) in self.chain.iter().zip(self.chain_meta.iter()).enumerate() {
@@ -1052,6 +1077,7 @@ impl Interface {
         }
         self.probe = probe;
         self.flush_chain(now);
+        self.check_broken()?;
         self.sync_gauges();
         // The watchdog measures from the oldest send still outstanding, so one lost
         // completion is caught even while other sends keep completing.
@@ -1069,30 +1095,57 @@ impl Interface {
 
     /// Tear down in order: QP to error, drain flushes (bounded by `deadline`), detach the
     /// group, destroy AHs, destroy the endpoint, reap what never completed, check the
-    /// ledger. Never panics; failures are counted.
+    /// ledger. Never panics; failures are counted. Receives that complete during the
+    /// drain have nowhere to go and are counted as dropped (`rx_teardown`): use
+    /// [`Interface::shutdown_into`] where the TAP is still there.
     /// The neighbour table is handed back for the next epoch.
     pub fn shutdown(self, deadline: Duration) -> (Teardown, Neighbours) {
-        let (t, neigh, _) = self.teardown(deadline, false);
+        let (t, neigh, _) = self.teardown(deadline, None, false);
         (t, neigh)
     }
 
-    /// Like [`Interface::shutdown`], but instead of destroying the endpoint, replace its
-    /// QP and CQs ([`Endpoint::renew`]) and hand it back for [`Interface::reopen`]:
+    /// [`Interface::shutdown`], delivering the receives that complete during the drain
+    /// to `tap`.
+    pub fn shutdown_into(self, deadline: Duration, tap: &dyn FrameIo) -> (Teardown, Neighbours) {
+        let (t, neigh, _) = self.teardown(deadline, Some(tap), false);
+        (t, neigh)
+    }
+
+    /// Like [`Interface::shutdown_into`], but instead of destroying the endpoint, replace
+    /// its QP and CQs ([`Endpoint::renew`]) and hand it back for [`Interface::reopen`]:
     /// device context, PD, registered memory, completion channel, the broadcast group's
     /// membership and the neighbours' address handles survive. What was
     /// posted on the old QP is reaped exactly as after a full teardown (the old QP and
     /// CQs are destroyed, so no completion of this epoch can come). If the renewal fails
     /// the endpoint is closed (`None`): open a new one.
     ///
+    /// After a failed poll nothing of this epoch is polled again: there is no drain, and
+    /// the old QP is destroyed at once ([`Endpoint::renew_destroying_old`]) before any
+    /// work request is reaped. So it is when the QP could not be moved to the error
+    /// state, or when its flushes did not all arrive by `deadline`. Only a QP whose every
+    /// work request was flushed is kept aside for its grace.
+    ///
     /// Not for a lost device: use [`Interface::shutdown`] then, which closes everything
     /// at once (a removal waits for every context on the device to close).
-    pub fn recycle(self, deadline: Duration) -> (Teardown, Neighbours, Option<KeptEndpoint>) {
-        self.teardown(deadline, true)
+    pub fn recycle(
+        self,
+        deadline: Duration,
+        tap: &dyn FrameIo,
+    ) -> (Teardown, Neighbours, Option<KeptEndpoint>) {
+        self.teardown(deadline, Some(tap), true)
+    }
+
+    /// Whether a `poll_cq` of this epoch failed or the QP can otherwise not be trusted to
+    /// have finished with its slots (then none of its CQs is polled again, and the QP is
+    /// destroyed before its work requests are reaped).
+    pub fn untrusted(&self) -> bool {
+        self.untrusted
     }
 
     fn teardown(
         mut self,
         deadline: Duration,
+        tap: Option<&dyn FrameIo>,
         keep: bool,
     ) -> (Teardown, Neighbours, Option<KeptEndpoint>) {
         let mut t = Teardown {
@@ -1110,20 +1163,39 @@ impl Interface {
             stats::get(&self.stats.recv_flushed) + stats::get(&self.stats.send_flushed);
         self.draining = true;
         let start = Instant::now();
-        if let Err(e) = self.ep.set_qp_error() {
+        if self.untrusted {
+            // A failed poll: what the CQs hold cannot be trusted, so they are not polled
+            // again; the QP is destroyed before anything is reaped.
+            tracing::debug!("a poll failed: no drain, the QP is destroyed first");
+        } else if let Err(e) = self.ep.set_qp_error() {
             t.errors += 1;
-            tracing::warn!(error = %e, "moving the QP to the error state failed");
+            self.untrusted = true;
+            tracing::warn!(error = %e, "moving the QP to the error state failed: it is destroyed before anything is reaped");
         } else {
             // Drain flush completions until everything posted is accounted for.
-            let sink = NullTap;
+            // Receives that completed before the flush are delivered.
             while self.outstanding() > 0 && start.elapsed() < deadline {
-                let rx = self.poll_recv_batch(self.wc.len(), &sink, Instant::now());
+                let rx = self.poll_recv_batch(self.wc.len(), tap, Instant::now());
                 let tx = self.poll_tx(Instant::now());
                 match (rx, tx) {
                     (Ok(0), Ok(0)) => std::thread::sleep(DRAIN_NAP),
                     (Ok(_), Ok(_)) => {}
                     _ => break,
                 }
+            }
+            if let Some(tap) = tap {
+                for _ in 0..tap.flush() {
+                    self.stats.count_drop(DropReason::RxTapWrite);
+                }
+            }
+            if self.outstanding() > 0 {
+                // Flushes missing at the deadline (or a poll failed during the drain):
+                // the QP may still own those slots.
+                tracing::debug!(
+                    outstanding = self.outstanding(),
+                    "flushes missing after the drain: the QP is destroyed first"
+                );
+                self.untrusted = true;
             }
         }
         t.drain = start.elapsed();
@@ -1184,7 +1256,11 @@ impl Interface {
             }
         }
         let renew_start = Instant::now();
-        let renewed = self.ep.renew();
+        let renewed = if self.untrusted {
+            self.ep.renew_destroying_old()
+        } else {
+            self.ep.renew()
+        };
         t.renew = renew_start.elapsed();
         let kept = match renewed {
             Ok(()) => Some(KeptEndpoint {
@@ -1231,21 +1307,31 @@ impl Interface {
         stats::set(&stats.send_outstanding, 0);
     }
 
+    /// The one place that calls `poll_cq`. After a failed poll it refuses, so nothing of
+    /// this epoch can poll again.
+    fn poll(&mut self, cq: CqKind, want: usize) -> Result<usize, Failure> {
+        if self.untrusted {
+            return Err(Failure::PollFailed(VerbsError::PollFailed { cq, ret: 0 }));
+        }
+        self.ep.poll_cq(cq, &mut self.wc[..want]).map_err(|e| {
+            self.untrusted = true;
+            Failure::PollFailed(e)
+        })
+    }
+
     fn outstanding(&self) -> u64 {
         self.ledger.totals(Ring::Recv).outstanding + self.ledger.totals(Ring::Send).outstanding
     }
 
-    /// One `poll_cq` of up to `want` receive completions, each handled.
+    /// One `poll_cq` of up to `want` receive completions, each handled (delivered to
+    /// `tap`, or with none counted as dropped). Never polls after a failed poll.
     fn poll_recv_batch(
         &mut self,
         want: usize,
-        tap: &dyn FrameIo,
+        tap: Option<&dyn FrameIo>,
         now: Instant,
     ) -> Result<usize, Failure> {
-        let n = self
-            .ep
-            .poll_cq(CqKind::Recv, &mut self.wc[..want])
-            .map_err(Failure::PollFailed)?;
+        let n = self.poll(CqKind::Recv, want)?;
         for i in 0..n {
             let c = self.wc[i];
             self.on_recv(c, tap, now);
@@ -1254,17 +1340,6 @@ impl Interface {
     }
 }
 
-/// A TAP that discards: used while draining flushes during a teardown.
-struct NullTap;
-
-impl FrameIo for NullTap {
-    fn read_frame(&self, _buf: &mut [u8]) -> io::Result<usize> {
-        Err(io::ErrorKind::WouldBlock.into())
-    }
-    fn write_frame(&self, frame: &[u8]) -> io::Result<usize> {
-        Ok(frame.len())
-    }
-}
 
 struct RxCtx<'a> {
     neigh: &'a mut Neighbours,
@@ -1289,13 +1364,16 @@ fn rx_packet(
     if buf.len() < GRH_LEN + ipoib::HEADER_LEN {
         return Err(DropReason::RxShort);
     }
-    let g = if c.has_grh {
-        Some(grh::parse(&buf[..GRH_LEN], kind).map_err(|_| DropReason::RxBadGrh)?)
-    } else {
-        None
-    };
-    let src_hw = g.map(|g| IpoibAddr::new(c.src_qp, g.sgid));
-    if src_hw.is_some_and(|h| h.qpn == cx.own_hw.qpn && h.gid == cx.own_hw.gid) {
+    // A UD receive on RoCE always carries the GRH: without it nothing says who sent the
+    // packet (the IB link layer, whose local traffic may come without one, is refused at
+    // startup).
+    if !c.has_grh {
+        return Err(DropReason::RxNoGrh);
+    }
+    let g = grh::parse(&buf[..GRH_LEN], kind).map_err(|_| DropReason::RxBadGrh)?;
+    // The packet's real source, as the hardware reports it.
+    let src_hw = IpoibAddr::new(c.src_qp, g.sgid);
+    if src_hw.qpn == cx.own_hw.qpn && src_hw.gid == cx.own_hw.gid {
         stats::add(&cx.stats.rx_own_looped, 1);
         return Ok(None);
     }
@@ -1308,23 +1386,50 @@ fn rx_packet(
         ETHERTYPE_ARP => {
             let a = IpoibArp::parse(payload).map_err(|_| DropReason::RxBadArp)?;
             stats::add(&cx.stats.arp_rx, 1);
-            if a.sha.gid == cx.own_hw.gid && a.sha.qpn == cx.own_hw.qpn {
-                stats::add(&cx.stats.rx_own_looped, 1);
-                return Ok(None);
-            }
-            if a.sha.is_zero() || a.sha.gid.is_multicast() || a.sha.gid.is_zero() {
+            if a.sha.is_zero()
+                || a.sha.gid.is_multicast()
+                || a.sha.gid.is_zero()
+                || is_reserved_qpn(a.sha.qpn)
+            {
                 return Err(DropReason::RxBadArp);
             }
-            let (src_mac, learned) = cx.neigh.learn(Some(a.spa), a.sha, cx.now, cx.destroy);
-            match learned {
-                Learned::New => stats::add(&cx.stats.neigh_learned, 1),
-                Learned::QpnChanged { old_qpn } => {
-                    stats::add(&cx.stats.neigh_updated, 1);
-                    tracing::info!(ip = %a.spa, old_qpn, new_qpn = a.sha.qpn, "peer moved to a new QPN");
-                }
-                Learned::Refreshed => {}
-                Learned::Collision => return Err(DropReason::RxBadArp),
+            // Believed only from its real source: the claimed sender must be the QP and
+            // GID the packet came from.
+            if a.sha != src_hw {
+                return Err(DropReason::RxArpSpoofed);
             }
+            // 0.0.0.0 is an address probe's sender (RFC 5227): passed on, never learned.
+            let probe = a.spa.is_unspecified();
+            if !probe && !cx.addr.contains(a.spa) {
+                return Err(DropReason::RxArpOffSubnet);
+            }
+            // A new neighbour only from a reply or a request for our address (as the
+            // kernel's ARP does); any other ARP only updates a known one.
+            let create = a.op == arp::OP_REPLY || (a.op == arp::OP_REQUEST && a.tpa == cx.addr.addr);
+            let learned = if probe {
+                None
+            } else {
+                Some(cx.neigh.learn(Some(a.spa), a.sha, create, cx.now, cx.destroy))
+            };
+            let src_mac = match learned {
+                Some((mac, l)) => {
+                    match l {
+                        Learned::New => stats::add(&cx.stats.neigh_learned, 1),
+                        Learned::QpnChanged { old_qpn } => {
+                            stats::add(&cx.stats.neigh_updated, 1);
+                            tracing::info!(ip = %a.spa, old_qpn, new_qpn = a.sha.qpn, "peer moved to a new QPN");
+                        }
+                        Learned::Refreshed => {}
+                        Learned::Unknown => stats::add(&cx.stats.arp_not_learned, 1),
+                        Learned::Collision => return Err(DropReason::RxBadArp),
+                    }
+                    mac
+                }
+                None => {
+                    stats::add(&cx.stats.arp_not_learned, 1);
+                    mac_for_gid(&a.sha.gid)
+                }
+            };
             let tha = if a.tha.is_zero() {
                 Mac::ZERO
             } else if a.tha.gid == cx.own_hw.gid {
@@ -1358,17 +1463,13 @@ fn rx_packet(
         ETHERTYPE_IPV4 => {
             let s = ipv4::parse_summary(payload).map_err(|_| DropReason::RxBadIpv4)?;
             let payload = &payload[..s.total_len];
-            let src_mac = match (src_hw, g) {
-                (Some(hw), Some(g)) => {
-                    if let Some(Learned::QpnChanged { old_qpn }) = cx.neigh.seen(hw, cx.now) {
-                        stats::add(&cx.stats.neigh_updated, 1);
-                        tracing::info!(gid = %hw.gid, old_qpn, new_qpn = hw.qpn, "peer moved to a new QPN");
-                    }
-                    mac_for_gid(&g.sgid)
-                }
-                _ => cx.neigh.by_ip(s.src).map(|(m, _)| m).unwrap_or(Mac::ZERO),
-            };
-            let via_group = g.is_some_and(|g| g.dgid.is_multicast());
+            // Traffic refreshes a peer only from the QPN it is known at, and never moves it:
+            // any QP on the peer's host sends from the same GID.
+            if let Seen::OtherQpn { .. } = cx.neigh.seen(src_hw, cx.now) {
+                stats::add(&cx.stats.rx_unknown_qpn, 1);
+            }
+            let src_mac = mac_for_gid(&g.sgid);
+            let via_group = g.dgid.is_multicast();
             let dst = if s.dst.is_multicast() {
                 multicast_mac(s.dst)
             } else if via_group || s.dst.is_broadcast() || is_subnet_broadcast(&cx.addr, s.dst) {
@@ -1391,6 +1492,12 @@ fn rx_packet(
         }
         _ => Err(DropReason::RxUnsupported),
     }
+}
+
+/// QPNs no sender of IPoIB traffic can have: QP0 and QP1 (the management QPs) and the
+/// multicast QPN.
+fn is_reserved_qpn(qpn: u32) -> bool {
+    qpn <= 1 || qpn == MULTICAST_QPN
 }
 
 fn is_subnet_broadcast(net: &Ipv4Cidr, ip: Ipv4Addr) -> bool {

@@ -2,8 +2,11 @@
 //! every work request posted is accounted for.
 //!
 //! A slot is `Free`, `Reserved` (being filled, not yet posted) or `Posted`. A work-request
-//! id carries its kind, the interface's epoch and its slot, so a completion can be
-//! checked against the slot it names. Conservation holds at every instant, per ring:
+//! id carries its kind, the interface's epoch, its slot and the slot's generation (bumped
+//! each time the slot is reserved), so a completion can be checked against the CQ it came
+//! from and the very posting it names: a send id on the receive CQ, an id of an earlier
+//! epoch or of an earlier use of the slot is rejected and counted, and never indexes a
+//! buffer. Conservation holds at every instant, per ring:
 //! `posted = completed + flushed + reaped + outstanding`, and `outstanding` equals the
 //! number of slots in the `Posted` state. [`Ledger::check`] verifies it; tests call it
 //! after every step.
@@ -16,6 +19,12 @@ use crate::verbs::{AhHandle, WcStatus};
 
 /// Bit 63 of a WR id: set for sends (the kernel's IPoIB marks receives with a bit too).
 const SEND_BIT: u64 = 1 << 63;
+
+/// Bits 48..63 of a WR id: the slot's generation.
+const GEN_SHIFT: u32 = 48;
+
+/// Generations wrap within 15 bits.
+const GEN_MASK: u16 = 0x7FFF;
 
 /// Which ring a work request belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,29 +44,32 @@ pub struct WrId {
     pub epoch: u16,
     /// Slot index.
     pub slot: u32,
+    /// The slot's generation when it was posted (15 bits, wrapping).
+    pub generation: u16,
 }
 
 impl WrId {
     /// Encode as the 64-bit id handed to the provider.
     pub fn encode(self) -> u64 {
         let kind = if self.ring == Ring::Send { SEND_BIT } else { 0 };
-        kind | (u64::from(self.epoch) << 32) | u64::from(self.slot)
+        kind | (u64::from(self.generation & GEN_MASK) << GEN_SHIFT)
+            | (u64::from(self.epoch) << 32)
+            | u64::from(self.slot)
     }
 
-    /// Decode a provider's id; `None` if bits that are always zero are set.
-    pub fn decode(id: u64) -> Option<WrId> {
-        if id & 0x7FFF_0000_0000_0000 != 0 {
-            return None;
-        }
-        Some(WrId {
+    /// Decode a provider's id. Every 64-bit value decodes; whether it names a posting is
+    /// for [`Ledger::complete`] to say.
+    pub fn decode(id: u64) -> WrId {
+        WrId {
             ring: if id & SEND_BIT != 0 {
                 Ring::Send
             } else {
                 Ring::Recv
             },
+            generation: ((id >> GEN_SHIFT) as u16) & GEN_MASK,
             epoch: ((id >> 32) & 0xFFFF) as u16,
             slot: id as u32,
-        })
+        }
     }
 }
 
@@ -105,6 +117,8 @@ impl RingTotals {
 
 struct SlotRing {
     state: Vec<SlotState>,
+    /// Per slot: bumped at every reservation, carried in the WR id.
+    generation: Vec<u16>,
     free: Vec<u32>,
     totals: RingTotals,
 }
@@ -113,6 +127,7 @@ impl SlotRing {
     fn new(n: u32) -> Self {
         SlotRing {
             state: vec![SlotState::Free; n as usize],
+            generation: vec![0; n as usize],
             // Pop from the end: hand out low slots first.
             free: (0..n).rev().collect(),
             totals: RingTotals::default(),
@@ -122,6 +137,8 @@ impl SlotRing {
     fn reserve(&mut self) -> Option<u32> {
         let s = self.free.pop()?;
         self.state[s as usize] = SlotState::Reserved;
+        let g = &mut self.generation[s as usize];
+        *g = g.wrapping_add(1) & GEN_MASK;
         Some(s)
     }
 
@@ -185,6 +202,28 @@ pub enum Rejected {
         /// Current epoch.
         now: u16,
     },
+    /// The id names the other ring than the CQ it came from (a send id on the receive
+    /// CQ, or a receive id on the send CQ).
+    #[error("completion on the {cq:?} CQ with a {named:?} work-request id {id:#x}")]
+    WrongCq {
+        /// The CQ it came from.
+        cq: Ring,
+        /// The ring its id names.
+        named: Ring,
+        /// The id.
+        id: u64,
+    },
+    /// The id names an earlier use of the slot (a completion delivered twice, or one
+    /// for a posting that was already reaped or flushed).
+    #[error("completion for slot {slot} of generation {got}, posted now as generation {now}")]
+    StaleGeneration {
+        /// The slot.
+        slot: u32,
+        /// Generation in the id.
+        got: u16,
+        /// The slot's generation now.
+        now: u16,
+    },
     /// The slot was not posted (a duplicate completion).
     #[error("completion for slot {0} that is not posted")]
     NotPosted(u32),
@@ -244,12 +283,18 @@ impl Ledger {
         }
     }
 
-    /// The id a reserved slot is posted with.
+    /// The id a reserved slot is posted with (its generation is the one its reservation
+    /// gave it).
     pub fn wr_id(&self, ring: Ring, slot: u32) -> u64 {
+        let r = match ring {
+            Ring::Recv => &self.recv,
+            Ring::Send => &self.send,
+        };
         WrId {
             ring,
             epoch: self.epoch,
             slot,
+            generation: r.generation.get(slot as usize).copied().unwrap_or(0),
         }
         .encode()
     }
@@ -269,18 +314,36 @@ impl Ledger {
         }
     }
 
-    /// Account for one completion. Anything not matching a posted slot of this epoch is
-    /// rejected (and counted), so it is never delivered.
-    pub fn complete(&mut self, wr_id: u64, status: WcStatus) -> Result<Accepted, Rejected> {
-        let r = self.complete_inner(wr_id, status);
+    /// Account for one completion that came from the `cq` ring's completion queue.
+    /// Anything not matching a posted slot of this epoch, of that ring and of the slot's
+    /// current generation is rejected (and counted), so it is never delivered.
+    pub fn complete(
+        &mut self,
+        cq: Ring,
+        wr_id: u64,
+        status: WcStatus,
+    ) -> Result<Accepted, Rejected> {
+        let r = self.complete_inner(cq, wr_id, status);
         if r.is_err() {
             self.rejected += 1;
         }
         r
     }
 
-    fn complete_inner(&mut self, wr_id: u64, status: WcStatus) -> Result<Accepted, Rejected> {
-        let id = WrId::decode(wr_id).ok_or(Rejected::UnknownId(wr_id))?;
+    fn complete_inner(
+        &mut self,
+        cq: Ring,
+        wr_id: u64,
+        status: WcStatus,
+    ) -> Result<Accepted, Rejected> {
+        let id = WrId::decode(wr_id);
+        if id.ring != cq {
+            return Err(Rejected::WrongCq {
+                cq,
+                named: id.ring,
+                id: wr_id,
+            });
+        }
         if id.epoch != self.epoch {
             return Err(Rejected::StaleEpoch {
                 got: id.epoch,
@@ -294,6 +357,14 @@ impl Ledger {
         };
         if id.slot as usize >= ring.state.len() {
             return Err(Rejected::UnknownId(wr_id));
+        }
+        let now = ring.generation[id.slot as usize];
+        if id.generation != now {
+            return Err(Rejected::StaleGeneration {
+                slot: id.slot,
+                got: id.generation,
+                now,
+            });
         }
         if !ring.finish(id.slot, flushed) {
             return Err(Rejected::NotPosted(id.slot));
@@ -392,10 +463,72 @@ mod tests {
                 ring,
                 epoch: 0xBEEF,
                 slot: 12345,
+                generation: 0x7ABC,
             };
-            assert_eq!(WrId::decode(id.encode()), Some(id));
+            assert_eq!(WrId::decode(id.encode()), id);
         }
-        assert_eq!(WrId::decode(1 << 50), None);
+    }
+
+    #[test]
+    fn a_send_id_on_the_receive_cq_is_rejected() {
+        let mut l = Ledger::new(1, 2, 2);
+        let r = l.reserve_recv().unwrap();
+        l.posted_recv(r);
+        let s = l.reserve_send().unwrap();
+        l.posted_send(s, SendMeta::default());
+        let send_id = l.wr_id(Ring::Send, s);
+        let recv_id = l.wr_id(Ring::Recv, r);
+        assert!(matches!(
+            l.complete(Ring::Recv, send_id, WcStatus::Success),
+            Err(Rejected::WrongCq {
+                cq: Ring::Recv,
+                named: Ring::Send,
+                ..
+            })
+        ));
+        assert!(matches!(
+            l.complete(Ring::Send, recv_id, WcStatus::Success),
+            Err(Rejected::WrongCq { .. })
+        ));
+        // Both are still posted: nothing was finished by the wrong completions.
+        assert_eq!(l.totals(Ring::Recv).outstanding, 1);
+        assert_eq!(l.totals(Ring::Send).outstanding, 1);
+        assert_eq!(l.rejected(), 2);
+        l.complete(Ring::Recv, recv_id, WcStatus::Success).unwrap();
+        l.complete(Ring::Send, send_id, WcStatus::Success).unwrap();
+        l.check().unwrap();
+    }
+
+    #[test]
+    fn a_completion_of_an_earlier_use_of_the_slot_is_rejected() {
+        let mut l = Ledger::new(1, 1, 1);
+        let s = l.reserve_recv().unwrap();
+        l.posted_recv(s);
+        let first = l.wr_id(Ring::Recv, s);
+        l.complete(Ring::Recv, first, WcStatus::Success).unwrap();
+        // The same slot posted again: a late duplicate of the first completion must not
+        // finish the second posting.
+        let s2 = l.reserve_recv().unwrap();
+        assert_eq!(s2, s);
+        l.posted_recv(s2);
+        let second = l.wr_id(Ring::Recv, s2);
+        assert_ne!(first, second, "each posting has its own id");
+        assert!(matches!(
+            l.complete(Ring::Recv, first, WcStatus::Success),
+            Err(Rejected::StaleGeneration { slot: 0, .. })
+        ));
+        assert_eq!(l.totals(Ring::Recv).outstanding, 1);
+        // After a reap, a completion for the reaped posting is refused too.
+        l.reap_all();
+        let s3 = l.reserve_recv().unwrap();
+        l.posted_recv(s3);
+        assert!(matches!(
+            l.complete(Ring::Recv, second, WcStatus::Success),
+            Err(Rejected::StaleGeneration { .. })
+        ));
+        l.complete(Ring::Recv, l.wr_id(Ring::Recv, s3), WcStatus::Success)
+            .unwrap();
+        l.check().unwrap();
     }
 
     #[test]
@@ -408,11 +541,11 @@ mod tests {
         }
         assert_eq!(ids.len(), 4);
         l.check().unwrap();
-        let a = l.complete(ids[0], WcStatus::Success).unwrap();
+        let a = l.complete(Ring::Recv, ids[0], WcStatus::Success).unwrap();
         assert_eq!(a.id.slot, 0);
-        l.complete(ids[1], WcStatus::Flushed).unwrap();
+        l.complete(Ring::Recv, ids[1], WcStatus::Flushed).unwrap();
         assert_eq!(
-            l.complete(ids[1], WcStatus::Success),
+            l.complete(Ring::Recv, ids[1], WcStatus::Success),
             Err(Rejected::NotPosted(1))
         );
         let s = l.reserve_send().unwrap();
@@ -450,17 +583,21 @@ mod tests {
             ring: Ring::Recv,
             epoch: 1,
             slot: s,
+            generation: 1,
         }
         .encode();
         assert_eq!(
-            l.complete(stale, WcStatus::Success),
+            l.complete(Ring::Recv, stale, WcStatus::Success),
             Err(Rejected::StaleEpoch { got: 1, now: 2 })
         );
         let out_of_range = l.wr_id(Ring::Recv, 99);
         assert!(matches!(
-            l.complete(out_of_range, WcStatus::Success),
+            l.complete(Ring::Recv, out_of_range, WcStatus::Success),
             Err(Rejected::UnknownId(_))
         ));
+        for garbage in [u64::MAX, 1 << 50, 0x7FFF_FFFF_FFFF_FFFF] {
+            assert!(l.complete(Ring::Recv, garbage, WcStatus::Success).is_err());
+        }
         l.check().unwrap();
         assert_eq!(l.totals(Ring::Recv).outstanding, 1);
     }
@@ -482,17 +619,25 @@ mod tests {
         #[test]
         fn always_balanced(ops in proptest::collection::vec((0u8..6, any::<u64>()), 0..400)) {
             let mut l = Ledger::new(5, 8, 8);
-            let mut posted: Vec<u64> = vec![];
+            let mut posted: Vec<(Ring, u64)> = vec![];
             for (op, x) in ops {
                 match op {
-                    0 => if let Some(s) = l.reserve_recv() { l.posted_recv(s); posted.push(l.wr_id(Ring::Recv, s)); },
-                    1 => if let Some(s) = l.reserve_send() { l.posted_send(s, SendMeta::default()); posted.push(l.wr_id(Ring::Send, s)); },
+                    0 => if let Some(s) = l.reserve_recv() { l.posted_recv(s); posted.push((Ring::Recv, l.wr_id(Ring::Recv, s))); },
+                    1 => if let Some(s) = l.reserve_send() { l.posted_send(s, SendMeta::default()); posted.push((Ring::Send, l.wr_id(Ring::Send, s))); },
                     2 | 3 => if !posted.is_empty() {
-                        let id = posted.swap_remove(x as usize % posted.len());
+                        let (ring, id) = posted.swap_remove(x as usize % posted.len());
                         let st = if op == 2 { WcStatus::Success } else { WcStatus::Flushed };
-                        prop_assert!(l.complete(id, st).is_ok());
+                        prop_assert!(l.complete(ring, id, st).is_ok());
                     },
-                    4 => { let _ = l.complete(x, WcStatus::Success); },
+                    4 => {
+                        let ring = if x & 1 == 0 { Ring::Recv } else { Ring::Send };
+                        // Garbage never finishes a posting it does not name exactly.
+                        let named = posted.iter().any(|p| *p == (ring, x));
+                        if l.complete(ring, x, WcStatus::Success).is_ok() {
+                            prop_assert!(named, "accepted garbage {x:#x}");
+                            posted.retain(|p| *p != (ring, x));
+                        }
+                    },
                     _ => { l.reap_all(); posted.clear(); },
                 }
                 prop_assert!(l.check().is_ok(), "{:?}", l.check());

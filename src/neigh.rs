@@ -5,8 +5,14 @@
 //! on the QPN, so when a peer restarts with a new QPN the kernel's ARP cache on the TAP
 //! stays valid and only this table changes.
 //!
-//! The table is bounded (least recently seen evicted), aged (`max_age`), learned from ARP
-//! (requests, replies, gratuitous) and refreshed by traffic. Address handles are created
+//! The table is bounded (least recently seen evicted), aged (`max_age`) and learned from
+//! ARP only: the datapath creates an entry from a reply or from a request aimed at our own
+//! address, and lets any other ARP (a gratuitous announcement, a request for someone
+//! else) only update a peer it already knows ([`Neighbours::learn`] with `create` false),
+//! after checking that the ARP's sender address is the packet's real source. Each map is
+//! bounded: a peer has one IPv4 address at a time, so the address map never holds more
+//! entries than the peer map. Data packets refresh a peer only when they come from the
+//! QPN it is known at; they never change it ([`Neighbours::seen`]). Address handles are created
 //! by the datapath on first use; an address handle whose peer is gone is destroyed only
 //! after the last send that used it has completed ([`Neighbours::send_finished`]).
 //!
@@ -52,6 +58,23 @@ pub enum Learned {
     },
     /// A different GID maps to the same MAC (a hash collision for non-IPv4 GIDs): ignored.
     Collision,
+    /// Not known, and not to be created (`create` was false): nothing changed.
+    Unknown,
+}
+
+/// What [`Neighbours::seen`] found for a data packet's source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// A known peer at its known QPN: refreshed.
+    Known,
+    /// A known peer's GID at another QPN: nothing changed (a restarted peer announces its
+    /// new QPN by ARP; a peer that goes silent is re-resolved).
+    OtherQpn {
+        /// The QPN the peer is known at.
+        known_qpn: u32,
+    },
+    /// A GID that is not in the table, or that collides with another peer's MAC.
+    Unknown,
 }
 
 /// The neighbour table.
@@ -96,16 +119,20 @@ impl Neighbours {
         self.evicted
     }
 
-    /// Learn (or refresh) `hw` as the address of `ip`. AHs that can be destroyed right
-    /// away (of an evicted peer with no send in flight) are pushed to `destroy`.
+    /// Learn (or refresh) `hw` as the address of `ip`; a peer not yet known is added only
+    /// if `create`. A peer holds one IPv4 address: learning a new one for it forgets the
+    /// old one. AHs that can be destroyed right away (of an evicted peer with no send in
+    /// flight) are pushed to `destroy`.
     pub fn learn(
         &mut self,
         ip: Option<Ipv4Addr>,
         hw: IpoibAddr,
+        create: bool,
         now: Instant,
         destroy: &mut Vec<AhHandle>,
     ) -> (Mac, Learned) {
         let mac = mac_for_gid(&hw.gid);
+        let mut forget = None;
         let learned = match self.peers.get_mut(&mac) {
             Some(p) if p.hw.gid != hw.gid => return (mac, Learned::Collision),
             Some(p) => {
@@ -117,10 +144,14 @@ impl Neighbours {
                 };
                 p.hw = hw;
                 if ip.is_some() {
+                    if p.ip != ip {
+                        forget = p.ip;
+                    }
                     p.ip = ip;
                 }
                 r
             }
+            None if !create => return (mac, Learned::Unknown),
             None => {
                 if self.peers.len() >= self.capacity {
                     self.evict_oldest(destroy);
@@ -138,6 +169,11 @@ impl Neighbours {
                 Learned::New
             }
         };
+        if let Some(old_ip) = forget
+            && self.ips.get(&old_ip) == Some(&mac)
+        {
+            self.ips.remove(&old_ip);
+        }
         if let Some(ip) = ip {
             if let Some(old) = self.ips.insert(ip, mac)
                 && old != mac
@@ -151,21 +187,27 @@ impl Neighbours {
         (mac, learned)
     }
 
-    /// Refresh a known peer from received traffic (source GID and QPN). Unknown GIDs are
-    /// not added: traffic does not say which IPv4 address a peer owns.
-    pub fn seen(&mut self, hw: IpoibAddr, now: Instant) -> Option<Learned> {
+    /// Refresh a known peer from received traffic (the completion's source QPN and the
+    /// GRH's source GID), only when it comes from the QPN the peer is known at. Traffic
+    /// never adds a peer (it does not say which IPv4 address a peer owns) and never moves
+    /// one to another QPN: any QP on a peer's host can send from that host's GID.
+    pub fn seen(&mut self, hw: IpoibAddr, now: Instant) -> Seen {
         let mac = mac_for_gid(&hw.gid);
-        let p = self.peers.get_mut(&mac)?;
-        if p.hw.gid != hw.gid {
-            return Some(Learned::Collision);
+        match self.peers.get_mut(&mac) {
+            Some(p) if p.hw.gid == hw.gid && p.hw.qpn == hw.qpn => {
+                p.last_seen = now;
+                Seen::Known
+            }
+            Some(p) if p.hw.gid == hw.gid => Seen::OtherQpn {
+                known_qpn: p.hw.qpn,
+            },
+            _ => Seen::Unknown,
         }
-        p.last_seen = now;
-        if p.hw.qpn != hw.qpn {
-            let old_qpn = p.hw.qpn;
-            p.hw.qpn = hw.qpn;
-            return Some(Learned::QpnChanged { old_qpn });
-        }
-        Some(Learned::Refreshed)
+    }
+
+    /// Entries in the IPv4 address map (never more than [`Neighbours::len`]).
+    pub fn ip_entries(&self) -> usize {
+        self.ips.len()
     }
 
     /// The peer behind a MAC.
@@ -348,25 +390,76 @@ mod tests {
         let t0 = Instant::now();
         let mut n = Neighbours::new(8, Duration::from_secs(10));
         let mut d = vec![];
-        let (mac, l) = n.learn(Some(ip(2)), hw(2, 17), t0, &mut d);
+        let (mac, l) = n.learn(Some(ip(2)), hw(2, 17), true, t0, &mut d);
         assert_eq!(l, Learned::New);
         assert_eq!(n.by_mac(&mac).unwrap().hw.qpn, 17);
         assert_eq!(n.by_ip(ip(2)).unwrap().0, mac);
         assert_eq!(
-            n.learn(Some(ip(2)), hw(2, 17), t0, &mut d).1,
+            n.learn(Some(ip(2)), hw(2, 17), true, t0, &mut d).1,
             Learned::Refreshed
         );
         assert_eq!(
-            n.learn(Some(ip(2)), hw(2, 18), t0, &mut d).1,
+            n.learn(Some(ip(2)), hw(2, 18), true, t0, &mut d).1,
             Learned::QpnChanged { old_qpn: 17 }
         );
+        assert_eq!(n.seen(hw(2, 18), t0), Seen::Known);
+        assert_eq!(n.seen(hw(2, 19), t0), Seen::OtherQpn { known_qpn: 18 });
         assert_eq!(
-            n.seen(hw(2, 19), t0),
-            Some(Learned::QpnChanged { old_qpn: 18 })
+            n.by_mac(&mac).unwrap().hw.qpn,
+            18,
+            "traffic never moves a peer to another QPN"
         );
-        assert_eq!(n.by_mac(&mac).unwrap().hw.qpn, 19);
-        assert_eq!(n.seen(hw(9, 1), t0), None, "traffic does not add peers");
+        assert_eq!(n.seen(hw(9, 1), t0), Seen::Unknown, "traffic does not add peers");
+        assert_eq!(n.by_mac(&mac).unwrap().ip, Some(ip(2)));
         assert!(d.is_empty());
+    }
+
+    #[test]
+    fn traffic_from_another_qpn_does_not_refresh() {
+        let t0 = Instant::now();
+        let mut n = Neighbours::new(8, Duration::from_secs(10));
+        let mut d = vec![];
+        let (mac, _) = n.learn(Some(ip(2)), hw(2, 17), true, t0, &mut d);
+        let later = t0 + Duration::from_secs(5);
+        assert_eq!(n.seen(hw(2, 99), later), Seen::OtherQpn { known_qpn: 17 });
+        assert_eq!(n.by_mac(&mac).unwrap().last_seen, t0);
+        assert_eq!(n.seen(hw(2, 17), later), Seen::Known);
+        assert_eq!(n.by_mac(&mac).unwrap().last_seen, later);
+    }
+
+    #[test]
+    fn an_unknown_peer_is_not_created_unless_asked() {
+        let t0 = Instant::now();
+        let mut n = Neighbours::new(8, Duration::from_secs(10));
+        let mut d = vec![];
+        assert_eq!(
+            n.learn(Some(ip(2)), hw(2, 17), false, t0, &mut d).1,
+            Learned::Unknown
+        );
+        assert!(n.is_empty());
+        assert_eq!(n.ip_entries(), 0);
+        n.learn(Some(ip(2)), hw(2, 17), true, t0, &mut d);
+        assert_eq!(
+            n.learn(Some(ip(2)), hw(2, 18), false, t0, &mut d).1,
+            Learned::QpnChanged { old_qpn: 17 },
+            "a known peer is updated without `create`"
+        );
+    }
+
+    #[test]
+    fn one_peer_claiming_many_addresses_holds_one_entry() {
+        let t0 = Instant::now();
+        let mut n = Neighbours::new(64, Duration::from_secs(10));
+        let mut d = vec![];
+        for i in 0..80_000u32 {
+            let a = Ipv4Addr::from(0xC612_0000 | (i & 0xFFFF));
+            n.learn(Some(a), hw(2, 17), true, t0, &mut d);
+        }
+        assert_eq!(n.len(), 1);
+        assert_eq!(n.ip_entries(), 1, "the replaced addresses are forgotten");
+        let last = Ipv4Addr::from(0xC612_0000 | (79_999 & 0xFFFF));
+        assert!(n.by_ip(last).is_some());
+        assert!(n.by_ip(Ipv4Addr::from(0xC612_0000u32)).is_none());
     }
 
     #[test]
@@ -374,11 +467,11 @@ mod tests {
         let t0 = Instant::now();
         let mut n = Neighbours::new(2, Duration::from_secs(10));
         let mut d = vec![];
-        let (m1, _) = n.learn(Some(ip(1)), hw(1, 17), t0, &mut d);
+        let (m1, _) = n.learn(Some(ip(1)), hw(1, 17), true, t0, &mut d);
         n.set_ah(&m1, AhHandle(1));
         n.send_started(AhHandle(1));
-        n.learn(Some(ip(2)), hw(2, 17), t0 + Duration::from_secs(1), &mut d);
-        n.learn(Some(ip(3)), hw(3, 17), t0 + Duration::from_secs(2), &mut d);
+        n.learn(Some(ip(2)), hw(2, 17), true, t0 + Duration::from_secs(1), &mut d);
+        n.learn(Some(ip(3)), hw(3, 17), true, t0 + Duration::from_secs(2), &mut d);
         assert_eq!(n.len(), 2);
         assert!(n.by_mac(&m1).is_none());
         assert!(n.by_ip(ip(1)).is_none());
@@ -394,7 +487,7 @@ mod tests {
         let t0 = Instant::now();
         let mut n = Neighbours::new(8, Duration::from_secs(10));
         let mut d = vec![];
-        let (m, _) = n.learn(Some(ip(1)), hw(1, 17), t0, &mut d);
+        let (m, _) = n.learn(Some(ip(1)), hw(1, 17), true, t0, &mut d);
         n.set_ah(&m, AhHandle(4));
         n.expire(t0 + Duration::from_secs(9), &mut d);
         assert_eq!(n.len(), 1);
@@ -418,8 +511,8 @@ mod tests {
         let t0 = Instant::now();
         let mut n = Neighbours::new(8, Duration::from_secs(10));
         let mut d = vec![];
-        let (m1, _) = n.learn(Some(ip(1)), hw(1, 17), t0, &mut d);
-        let (m2, _) = n.learn(Some(ip(1)), hw(2, 17), t0, &mut d);
+        let (m1, _) = n.learn(Some(ip(1)), hw(1, 17), true, t0, &mut d);
+        let (m2, _) = n.learn(Some(ip(1)), hw(2, 17), true, t0, &mut d);
         assert_eq!(n.by_ip(ip(1)).unwrap().0, m2);
         assert_eq!(n.by_mac(&m1).unwrap().ip, None);
     }
@@ -430,7 +523,7 @@ mod tests {
         let s = Duration::from_secs(3);
         let mut n = Neighbours::new(8, Duration::from_secs(300));
         let mut d = vec![];
-        let (m, _) = n.learn(Some(ip(1)), hw(1, 17), t0, &mut d);
+        let (m, _) = n.learn(Some(ip(1)), hw(1, 17), true, t0, &mut d);
         n.set_ah(&m, AhHandle(3));
         n.send_started(AhHandle(3));
         let mut out = vec![];
@@ -458,10 +551,10 @@ mod tests {
         let t0 = Instant::now();
         let mut n = Neighbours::new(1, Duration::from_secs(10));
         let mut d = vec![];
-        let (m1, _) = n.learn(Some(ip(1)), hw(1, 17), t0, &mut d);
+        let (m1, _) = n.learn(Some(ip(1)), hw(1, 17), true, t0, &mut d);
         n.set_ah(&m1, AhHandle(1));
         n.send_started(AhHandle(1));
-        let (m2, _) = n.learn(Some(ip(2)), hw(2, 17), t0, &mut d);
+        let (m2, _) = n.learn(Some(ip(2)), hw(2, 17), true, t0, &mut d);
         n.set_ah(&m2, AhHandle(2));
         let mut all = n.take_ahs();
         all.sort();

@@ -60,11 +60,18 @@ pub enum DropReason {
     /// A frame from the TAP with an offload request that cannot be carried out (a
     /// super-frame that is not TCP/IPv4, a checksum position outside the frame).
     TxBadOffload,
+    /// An ARP whose sender hardware address is not the packet's real source (the GRH's
+    /// source GID and the completion's source QPN).
+    RxArpSpoofed,
+    /// An ARP whose sender IPv4 address is outside the interface's subnet.
+    RxArpOffSubnet,
+    /// Received during a teardown's drain with no TAP to deliver it to (a final stop).
+    RxTeardown,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 23] = [
+    pub const ALL: [DropReason; 26] = [
         DropReason::RxShort,
         DropReason::RxNoGrh,
         DropReason::RxBadGrh,
@@ -88,6 +95,9 @@ impl DropReason {
         DropReason::TxBadIpv4,
         DropReason::TxReaped,
         DropReason::TxBadOffload,
+        DropReason::RxArpSpoofed,
+        DropReason::RxArpOffSubnet,
+        DropReason::RxTeardown,
     ];
 
     /// Stable name used in stats output.
@@ -116,6 +126,9 @@ impl DropReason {
             DropReason::TxBadIpv4 => "tx_bad_ipv4",
             DropReason::TxReaped => "reaped",
             DropReason::TxBadOffload => "tx_bad_offload",
+            DropReason::RxArpSpoofed => "rx_arp_spoofed",
+            DropReason::RxArpOffSubnet => "rx_arp_off_subnet",
+            DropReason::RxTeardown => "rx_teardown",
         }
     }
 }
@@ -189,6 +202,13 @@ counters! {
     arp_tx,
     /// Own multicast packets looped back by the fabric and ignored.
     rx_own_looped,
+    /// Packets from a known peer's GID at a QPN that peer is not known at: delivered,
+    /// never believed (the neighbour is not changed; a restarted peer announces its new
+    /// QPN by ARP, and a silent one is re-resolved).
+    rx_unknown_qpn,
+    /// ARP messages from a sender that is not in the table and that is neither a reply
+    /// nor a request for our address: passed on, not learned.
+    arp_not_learned,
     /// NAPI polls run.
     polls,
     /// Polls that used their whole budget and yielded.

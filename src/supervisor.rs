@@ -445,7 +445,7 @@ impl Shell {
             match exit {
                 Exit::Stopped { iface, .. } => {
                     p.join();
-                    let (t, _) = iface.shutdown(FLUSH_DEADLINE);
+                    let (t, _) = iface.shutdown_into(FLUSH_DEADLINE, &*self.s.tap);
                     self.last_ledger = t.ledger;
                     return self.ended();
                 }
@@ -454,7 +454,7 @@ impl Shell {
                 } => {
                     if shutting_down {
                         p.join();
-                        let (t, _) = iface.shutdown(FLUSH_DEADLINE);
+                        let (t, _) = iface.shutdown_into(FLUSH_DEADLINE, &*self.s.tap);
                         self.last_ledger = t.ledger;
                         return self.ended();
                     }
@@ -492,7 +492,7 @@ impl Shell {
             self.neigh = Some(neigh);
             t
         } else {
-            let (t, neigh, kept) = iface.recycle(FLUSH_DEADLINE);
+            let (t, neigh, kept) = iface.recycle(FLUSH_DEADLINE, &*self.s.tap);
             self.neigh = Some(neigh);
             self.kept = kept;
             t

@@ -54,14 +54,18 @@ const DETECT_BOUND: Duration = Duration::from_secs(5);
 /// Drops a restart may cause: flushed and reaped sends.
 const RESTART_DROPS: [DropReason; 2] = [DropReason::TxFlushed, DropReason::TxReaped];
 
-/// Drops a corrupted receive may cause (the codecs reject it).
-const CORRUPT_DROPS: [DropReason; 6] = [
+/// Drops a corrupted receive may cause (the codecs reject it, or a flipped byte in an
+/// ARP's sender makes it claim a source it did not come from, or an address outside the
+/// subnet).
+const CORRUPT_DROPS: [DropReason; 8] = [
     DropReason::RxShort,
     DropReason::RxBadGrh,
     DropReason::RxBadHeader,
     DropReason::RxBadArp,
     DropReason::RxBadIpv4,
     DropReason::RxUnsupported,
+    DropReason::RxArpSpoofed,
+    DropReason::RxArpOffSubnet,
 ];
 
 fn drops_only(s: &Snapshot, allowed: &[DropReason], what: &str) {

@@ -111,7 +111,7 @@ fn ten_thousand_renewals_reuse_the_endpoint_and_leak_nothing() {
         if i % 10 == 0 {
             iface.announce(Instant::now());
         }
-        let (t, n, kept) = iface.recycle(FLUSH_DEADLINE);
+        let (t, n, kept) = iface.recycle(FLUSH_DEADLINE, &common::FakeTap::default());
         t.ledger.unwrap_or_else(|e| panic!("restart {i}: {e}"));
         assert!(t.kept, "restart {i}");
         neigh = Some(n);

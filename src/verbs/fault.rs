@@ -157,6 +157,8 @@ pub struct FaultSwitch {
     hidden: AtomicBool,
     opens: AtomicU64,
     renewals: AtomicU64,
+    renewals_destroying: AtomicU64,
+    refuse_qp_error: AtomicBool,
     async_events: Mutex<VecDeque<AsyncEvent>>,
     endpoints: Mutex<Vec<Arc<EpShared>>>,
     next_id: AtomicU64,
@@ -322,6 +324,18 @@ impl FaultSwitch {
     /// (a new QP and CQs on a kept device context and memory).
     pub fn renewals(&self) -> u64 {
         self.renewals.load(Ordering::SeqCst)
+    }
+
+    /// Of [`FaultSwitch::renewals`], those that destroyed the old QP at once
+    /// ([`Endpoint::renew_destroying_old`]) instead of keeping it for its grace.
+    pub fn renewals_destroying(&self) -> u64 {
+        self.renewals_destroying.load(Ordering::SeqCst)
+    }
+
+    /// Make moving a QP to the error state fail (`true`) or work again (`false`): a
+    /// test's way to reach the teardown that cannot trust the QP to have stopped.
+    pub fn refuse_qp_error(&self, refuse: bool) {
+        self.refuse_qp_error.store(refuse, Ordering::SeqCst);
     }
 
     /// Polls that were made to fail.
@@ -811,6 +825,9 @@ impl Endpoint for FaultyEndpoint {
         self.inner.detach_mcast(gid)
     }
     fn set_qp_error(&mut self) -> Result<(), VerbsError> {
+        if self.switch.refuse_qp_error.load(Ordering::SeqCst) {
+            return Err(VerbsError::verb("ibv_modify_qp(ERR)", libc::EINVAL));
+        }
         self.inner.set_qp_error()
     }
     fn maintain(&mut self) -> Result<(), VerbsError> {
@@ -820,6 +837,16 @@ impl Endpoint for FaultyEndpoint {
     /// else the inner endpoint renews, and this endpoint's per-QP fault state (a failed
     /// poll, stalled sends, spurious events, corrupted copies) starts afresh.
     fn renew(&mut self) -> Result<(), VerbsError> {
+        self.renew_with(false)
+    }
+    /// As [`Endpoint::renew`] here, counted apart ([`FaultSwitch::renewals_destroying`]).
+    fn renew_destroying_old(&mut self) -> Result<(), VerbsError> {
+        self.renew_with(true)
+    }
+}
+
+impl FaultyEndpoint {
+    fn renew_with(&mut self, destroy_old: bool) -> Result<(), VerbsError> {
         if self.switch.hidden.load(Ordering::SeqCst) {
             return Err(VerbsError::RenewRefused(
                 "the device is gone (hidden)".into(),
@@ -830,7 +857,12 @@ impl Endpoint for FaultyEndpoint {
                 "the device was lost ({ev:?})"
             )));
         }
-        self.inner.renew()?;
+        if destroy_old {
+            self.inner.renew_destroying_old()?;
+            self.switch.renewals_destroying.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.inner.renew()?;
+        }
         self.failed = false;
         self.switch.unstall(&self.shared);
         // A new id, as a new open would have: injections name the QP they hit. The

@@ -314,6 +314,17 @@ pub enum VerbsError {
         #[source]
         source: io::Error,
     },
+    /// A post verb failed and its `bad_wr` points outside the chain it was given: how
+    /// much of the chain was posted is unknown. Every work request of the chain is then
+    /// taken as posted (it is reaped once the QP is destroyed) and the interface restarts.
+    #[error("{verb} failed ({source}) and named a bad work request outside the chain")]
+    BadWrOutsideChain {
+        /// The verb's name.
+        verb: &'static str,
+        /// The errno it gave.
+        #[source]
+        source: io::Error,
+    },
     /// An address handle the endpoint does not own.
     #[error("unknown address handle {0:?}")]
     UnknownAh(AhHandle),
@@ -454,6 +465,16 @@ pub trait Endpoint: Send {
     /// caller drops the endpoint and opens a new one (the old QP, in whatever state, is
     /// still the endpoint's, so dropping it is always sound).
     fn renew(&mut self) -> Result<(), VerbsError>;
+
+    /// [`Endpoint::renew`], but the replaced QP and its CQs are destroyed before this
+    /// returns instead of being kept aside for their grace. For a QP that may still own
+    /// buffers: one whose CQ poll failed (its completions cannot be trusted, so nothing
+    /// says which receives it has finished with), one that could not be moved to the
+    /// error state, or one whose flushes did not all arrive. Only a destroyed QP is
+    /// certain to write into none of the slots that are then re-posted. An `Err` after
+    /// the swap (a failed destroy) leaves the new QP in place; the caller then drops the
+    /// endpoint, as after any failed renewal, so the slot memory goes with it.
+    fn renew_destroying_old(&mut self) -> Result<(), VerbsError>;
 
     /// Housekeeping between restarts, off their critical path (the datapath calls it
     /// from its periodic housekeeping): destroy the QPs and CQs that [`Endpoint::renew`]

@@ -1289,6 +1289,10 @@ impl Endpoint for SimEndpoint {
     fn renew(&mut self) -> Result<(), VerbsError> {
         self.renew_qp()
     }
+    /// The simulated QP leaves the fabric at once on every renewal: nothing is kept.
+    fn renew_destroying_old(&mut self) -> Result<(), VerbsError> {
+        self.renew_qp()
+    }
 }
 
 impl SimEndpoint {

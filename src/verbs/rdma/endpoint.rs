@@ -532,7 +532,9 @@ impl RdmaEndpoint {
     /// `maintain` prepared, if it did.
     /// On any failure before the swap nothing changes; a failed destroy of the old objects is logged, counted and returned (the
     /// object is forgotten, the new ones are in place).
-    fn renew_queues(&mut self) -> Result<(), VerbsError> {
+    /// With `destroy_old`, the old QP and CQs are destroyed here, before returning, instead
+    /// of being retired (see [`Endpoint::renew_destroying_old`]).
+    fn renew_queues(&mut self, destroy_old: bool) -> Result<(), VerbsError> {
         if let Some(ev) = self.lost {
             return Err(VerbsError::RenewRefused(format!(
                 "the device was lost ({ev:?})"
@@ -624,17 +626,31 @@ impl RdmaEndpoint {
             );
         }
         mark(4);
-        // The old QP (in the error state, in no group, never polled again) and its CQs
-        // are destroyed later, by `maintain`, once their grace is over: off the
-        // restart's critical path, and after rxe has let go of the QP's packets.
-        self.retired.retire(
-            Instant::now(),
-            Retired {
+        if destroy_old {
+            // The old QP may still own slots that are about to be re-posted: it goes now,
+            // QP first (it holds its CQs), then the CQs, never polled.
+            let mut old = Retired {
                 qp: old_qp,
                 recv_cq: old_recv,
                 send_cq: old_send,
-            },
-        );
+            };
+            keep(old.qp.close());
+            keep(old.recv_cq.close());
+            keep(old.send_cq.close());
+        } else {
+            // The old QP (in the error state with every WR flushed, in no group, never
+            // polled again) and its CQs are destroyed later, by `maintain`, once their
+            // grace is over: off the restart's critical path, and after rxe has let go
+            // of the QP's packets.
+            self.retired.retire(
+                Instant::now(),
+                Retired {
+                    qp: old_qp,
+                    recv_cq: old_recv,
+                    send_cq: old_send,
+                },
+            );
+        }
         self.recvs_in_flight = 0;
         self.sends_in_flight = 0;
         let old_qpn = self.attrs.qpn;
@@ -1063,13 +1079,18 @@ impl Endpoint for RdmaEndpoint {
                 })
             };
         }
-        let posted = posted_before(wr_base, bad, fit).unwrap_or_else(|| {
-            tracing::warn!(
-                ret,
-                "ibv_post_recv failed without a bad_wr in the chain; assuming none posted"
-            );
-            0
-        });
+        let Some(posted) = posted_before(wr_base, bad, fit) else {
+            // Nothing says how many were posted: all of them may be, so all are taken as
+            // posted (reaped once the QP is destroyed), and the interface restarts.
+            self.recvs_in_flight += fit as u32;
+            return Err(PostRecvError {
+                posted: fit,
+                error: VerbsError::BadWrOutsideChain {
+                    verb: "ibv_post_recv",
+                    source: io::Error::from_raw_os_error(ret_errno(ret)),
+                },
+            });
+        };
         self.recvs_in_flight += posted as u32;
         Err(PostRecvError {
             posted,
@@ -1163,13 +1184,18 @@ impl Endpoint for RdmaEndpoint {
                 })
             };
         }
-        let posted = posted_before(wr_base, bad, fit).unwrap_or_else(|| {
-            tracing::warn!(
-                ret,
-                "ibv_post_send failed without a bad_wr in the chain; assuming none posted"
-            );
-            0
-        });
+        let Some(posted) = posted_before(wr_base, bad, fit) else {
+            // As for receives: all of the chain is taken as posted, and the interface
+            // restarts.
+            self.sends_in_flight += signaled(&wrs[..fit]);
+            return Err(PostSendError {
+                posted: fit,
+                error: VerbsError::BadWrOutsideChain {
+                    verb: "ibv_post_send",
+                    source: io::Error::from_raw_os_error(ret_errno(ret)),
+                },
+            });
+        };
         self.sends_in_flight += signaled(&wrs[..posted]);
         Err(PostSendError {
             posted,
@@ -1370,7 +1396,11 @@ impl Endpoint for RdmaEndpoint {
     }
 
     fn renew(&mut self) -> Result<(), VerbsError> {
-        self.renew_queues()
+        self.renew_queues(false)
+    }
+
+    fn renew_destroying_old(&mut self) -> Result<(), VerbsError> {
+        self.renew_queues(true)
     }
 
     fn maintain(&mut self) -> Result<(), VerbsError> {
