@@ -13,7 +13,7 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use uipoib::neigh::Neighbours;
+use uipoib::neigh::{Neighbours, Trust};
 use uipoib::verbs::{AhHandle, Gid};
 use uipoib::wire::eth::Mac;
 use uipoib::wire::ipoib::IpoibAddr;
@@ -36,7 +36,7 @@ fn table(n: usize) -> (Neighbours, Vec<(Ipv4Addr, IpoibAddr, Mac)>) {
     let mut all = Vec::with_capacity(n);
     for i in 0..n {
         let (ip, hw) = entry(i);
-        let (mac, _) = t.learn(Some(ip), hw, true, now, &mut destroy);
+        let (mac, _) = t.learn(Some(ip), hw, Trust::Create, now, &mut destroy);
         t.set_ah(&mac, AhHandle(i as u32));
         all.push((ip, hw, mac));
     }
@@ -88,7 +88,8 @@ fn bench_neigh(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::new("learn", n), &n, |b, _| {
             b.iter(|| {
                 let (ip, hw, _) = next();
-                t.learn(Some(black_box(ip)), hw, true, now, &mut destroy).1
+                t.learn(Some(black_box(ip)), hw, Trust::Create, now, &mut destroy)
+                    .1
             })
         });
         assert_eq!(t.len(), n);

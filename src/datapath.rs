@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::{Config, Ipv4Cidr};
 use crate::ledger::{Ledger, Ring, SendMeta};
-use crate::neigh::{Learned, Neighbours, Seen};
+use crate::neigh::{Learned, Neighbours, Seen, Trust};
 use crate::stats::{self, DropReason, Stats};
 use crate::verbs::{
     AhHandle, Completion, CqKind, Dest, Endpoint, EndpointConfig, GRH_LEN, Gid, MULTICAST_QPN,
@@ -1340,7 +1340,6 @@ impl Interface {
     }
 }
 
-
 struct RxCtx<'a> {
     neigh: &'a mut Neighbours,
     stats: &'a Stats,
@@ -1404,12 +1403,23 @@ fn rx_packet(
                 return Err(DropReason::RxArpOffSubnet);
             }
             // A new neighbour only from a reply or a request for our address (as the
-            // kernel's ARP does); any other ARP only updates a known one.
-            let create = a.op == arp::OP_REPLY || (a.op == arp::OP_REQUEST && a.tpa == cx.addr.addr);
+            // kernel's ARP does); a gratuitous announcement only updates a known one (a
+            // restarted peer at its new QPN); any other ARP changes nothing.
+            let trust =
+                if a.op == arp::OP_REPLY || (a.op == arp::OP_REQUEST && a.tpa == cx.addr.addr) {
+                    Trust::Create
+                } else if a.spa == a.tpa {
+                    Trust::Update
+                } else {
+                    Trust::Refresh
+                };
             let learned = if probe {
                 None
             } else {
-                Some(cx.neigh.learn(Some(a.spa), a.sha, create, cx.now, cx.destroy))
+                Some(
+                    cx.neigh
+                        .learn(Some(a.spa), a.sha, trust, cx.now, cx.destroy),
+                )
             };
             let src_mac = match learned {
                 Some((mac, l)) => {

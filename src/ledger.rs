@@ -632,7 +632,7 @@ mod tests {
                     4 => {
                         let ring = if x & 1 == 0 { Ring::Recv } else { Ring::Send };
                         // Garbage never finishes a posting it does not name exactly.
-                        let named = posted.iter().any(|p| *p == (ring, x));
+                        let named = posted.contains(&(ring, x));
                         if l.complete(ring, x, WcStatus::Success).is_ok() {
                             prop_assert!(named, "accepted garbage {x:#x}");
                             posted.retain(|p| *p != (ring, x));

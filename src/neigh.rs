@@ -6,10 +6,10 @@
 //! stays valid and only this table changes.
 //!
 //! The table is bounded (least recently seen evicted), aged (`max_age`) and learned from
-//! ARP only: the datapath creates an entry from a reply or from a request aimed at our own
-//! address, and lets any other ARP (a gratuitous announcement, a request for someone
-//! else) only update a peer it already knows ([`Neighbours::learn`] with `create` false),
-//! after checking that the ARP's sender address is the packet's real source. Each map is
+//! ARP only, after the datapath checked that the ARP's sender address is the packet's
+//! real source: an entry is created from a reply or from a request aimed at our own
+//! address, a gratuitous announcement only updates a peer already known, and any other
+//! ARP only refreshes a peer heard at exactly its known address ([`Trust`]). Each map is
 //! bounded: a peer has one IPv4 address at a time, so the address map never holds more
 //! entries than the peer map. Data packets refresh a peer only when they come from the
 //! QPN it is known at; they never change it ([`Neighbours::seen`]). Address handles are created
@@ -58,8 +58,22 @@ pub enum Learned {
     },
     /// A different GID maps to the same MAC (a hash collision for non-IPv4 GIDs): ignored.
     Collision,
-    /// Not known, and not to be created (`create` was false): nothing changed.
+    /// Not known and not to be created, or known and not to be changed by a message
+    /// trusted this little: nothing changed.
     Unknown,
+}
+
+/// How much an ARP may change in the table ([`Neighbours::learn`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trust {
+    /// A reply, or a request for our own address: add the sender, or update it.
+    Create,
+    /// A gratuitous announcement (sender address = target address): update a known
+    /// peer's QPN and address (a restarted peer's way to say where it is now); never add.
+    Update,
+    /// Any other ARP: refresh a known peer heard at exactly its known QPN; change
+    /// nothing else.
+    Refresh,
 }
 
 /// What [`Neighbours::seen`] found for a data packet's source.
@@ -119,15 +133,16 @@ impl Neighbours {
         self.evicted
     }
 
-    /// Learn (or refresh) `hw` as the address of `ip`; a peer not yet known is added only
-    /// if `create`. A peer holds one IPv4 address: learning a new one for it forgets the
-    /// old one. AHs that can be destroyed right away (of an evicted peer with no send in
-    /// flight) are pushed to `destroy`.
+    /// Learn (or refresh) `hw` as the address of `ip`, as far as `trust` allows: a peer
+    /// not yet known is added only with [`Trust::Create`]; a known one changes its QPN or
+    /// address only with [`Trust::Create`] or [`Trust::Update`]. A peer holds one IPv4
+    /// address: learning a new one for it forgets the old one. AHs that can be destroyed
+    /// right away (of an evicted peer with no send in flight) are pushed to `destroy`.
     pub fn learn(
         &mut self,
         ip: Option<Ipv4Addr>,
         hw: IpoibAddr,
-        create: bool,
+        trust: Trust,
         now: Instant,
         destroy: &mut Vec<AhHandle>,
     ) -> (Mac, Learned) {
@@ -135,6 +150,13 @@ impl Neighbours {
         let mut forget = None;
         let learned = match self.peers.get_mut(&mac) {
             Some(p) if p.hw.gid != hw.gid => return (mac, Learned::Collision),
+            Some(p) if trust == Trust::Refresh => {
+                if p.hw == hw && (ip.is_none() || p.ip == ip) {
+                    p.last_seen = now;
+                    return (mac, Learned::Refreshed);
+                }
+                return (mac, Learned::Unknown);
+            }
             Some(p) => {
                 p.last_seen = now;
                 let r = if p.hw.qpn != hw.qpn {
@@ -151,7 +173,7 @@ impl Neighbours {
                 }
                 r
             }
-            None if !create => return (mac, Learned::Unknown),
+            None if trust != Trust::Create => return (mac, Learned::Unknown),
             None => {
                 if self.peers.len() >= self.capacity {
                     self.evict_oldest(destroy);
@@ -390,16 +412,16 @@ mod tests {
         let t0 = Instant::now();
         let mut n = Neighbours::new(8, Duration::from_secs(10));
         let mut d = vec![];
-        let (mac, l) = n.learn(Some(ip(2)), hw(2, 17), true, t0, &mut d);
+        let (mac, l) = n.learn(Some(ip(2)), hw(2, 17), Trust::Create, t0, &mut d);
         assert_eq!(l, Learned::New);
         assert_eq!(n.by_mac(&mac).unwrap().hw.qpn, 17);
         assert_eq!(n.by_ip(ip(2)).unwrap().0, mac);
         assert_eq!(
-            n.learn(Some(ip(2)), hw(2, 17), true, t0, &mut d).1,
+            n.learn(Some(ip(2)), hw(2, 17), Trust::Create, t0, &mut d).1,
             Learned::Refreshed
         );
         assert_eq!(
-            n.learn(Some(ip(2)), hw(2, 18), true, t0, &mut d).1,
+            n.learn(Some(ip(2)), hw(2, 18), Trust::Create, t0, &mut d).1,
             Learned::QpnChanged { old_qpn: 17 }
         );
         assert_eq!(n.seen(hw(2, 18), t0), Seen::Known);
@@ -409,7 +431,11 @@ mod tests {
             18,
             "traffic never moves a peer to another QPN"
         );
-        assert_eq!(n.seen(hw(9, 1), t0), Seen::Unknown, "traffic does not add peers");
+        assert_eq!(
+            n.seen(hw(9, 1), t0),
+            Seen::Unknown,
+            "traffic does not add peers"
+        );
         assert_eq!(n.by_mac(&mac).unwrap().ip, Some(ip(2)));
         assert!(d.is_empty());
     }
@@ -419,7 +445,7 @@ mod tests {
         let t0 = Instant::now();
         let mut n = Neighbours::new(8, Duration::from_secs(10));
         let mut d = vec![];
-        let (mac, _) = n.learn(Some(ip(2)), hw(2, 17), true, t0, &mut d);
+        let (mac, _) = n.learn(Some(ip(2)), hw(2, 17), Trust::Create, t0, &mut d);
         let later = t0 + Duration::from_secs(5);
         assert_eq!(n.seen(hw(2, 99), later), Seen::OtherQpn { known_qpn: 17 });
         assert_eq!(n.by_mac(&mac).unwrap().last_seen, t0);
@@ -433,16 +459,28 @@ mod tests {
         let mut n = Neighbours::new(8, Duration::from_secs(10));
         let mut d = vec![];
         assert_eq!(
-            n.learn(Some(ip(2)), hw(2, 17), false, t0, &mut d).1,
+            n.learn(Some(ip(2)), hw(2, 17), Trust::Update, t0, &mut d).1,
             Learned::Unknown
         );
         assert!(n.is_empty());
         assert_eq!(n.ip_entries(), 0);
-        n.learn(Some(ip(2)), hw(2, 17), true, t0, &mut d);
+        n.learn(Some(ip(2)), hw(2, 17), Trust::Create, t0, &mut d);
         assert_eq!(
-            n.learn(Some(ip(2)), hw(2, 18), false, t0, &mut d).1,
+            n.learn(Some(ip(2)), hw(2, 18), Trust::Update, t0, &mut d).1,
             Learned::QpnChanged { old_qpn: 17 },
-            "a known peer is updated without `create`"
+            "a known peer is updated by an announcement"
+        );
+        assert_eq!(
+            n.learn(Some(ip(3)), hw(2, 99), Trust::Refresh, t0, &mut d)
+                .1,
+            Learned::Unknown,
+            "an ARP for someone else moves nothing"
+        );
+        assert_eq!(n.by_ip(ip(2)).unwrap().1.hw.qpn, 18);
+        assert_eq!(
+            n.learn(Some(ip(2)), hw(2, 18), Trust::Refresh, t0, &mut d)
+                .1,
+            Learned::Refreshed
         );
     }
 
@@ -453,7 +491,7 @@ mod tests {
         let mut d = vec![];
         for i in 0..80_000u32 {
             let a = Ipv4Addr::from(0xC612_0000 | (i & 0xFFFF));
-            n.learn(Some(a), hw(2, 17), true, t0, &mut d);
+            n.learn(Some(a), hw(2, 17), Trust::Create, t0, &mut d);
         }
         assert_eq!(n.len(), 1);
         assert_eq!(n.ip_entries(), 1, "the replaced addresses are forgotten");
@@ -467,11 +505,23 @@ mod tests {
         let t0 = Instant::now();
         let mut n = Neighbours::new(2, Duration::from_secs(10));
         let mut d = vec![];
-        let (m1, _) = n.learn(Some(ip(1)), hw(1, 17), true, t0, &mut d);
+        let (m1, _) = n.learn(Some(ip(1)), hw(1, 17), Trust::Create, t0, &mut d);
         n.set_ah(&m1, AhHandle(1));
         n.send_started(AhHandle(1));
-        n.learn(Some(ip(2)), hw(2, 17), true, t0 + Duration::from_secs(1), &mut d);
-        n.learn(Some(ip(3)), hw(3, 17), true, t0 + Duration::from_secs(2), &mut d);
+        n.learn(
+            Some(ip(2)),
+            hw(2, 17),
+            Trust::Create,
+            t0 + Duration::from_secs(1),
+            &mut d,
+        );
+        n.learn(
+            Some(ip(3)),
+            hw(3, 17),
+            Trust::Create,
+            t0 + Duration::from_secs(2),
+            &mut d,
+        );
         assert_eq!(n.len(), 2);
         assert!(n.by_mac(&m1).is_none());
         assert!(n.by_ip(ip(1)).is_none());
@@ -487,7 +537,7 @@ mod tests {
         let t0 = Instant::now();
         let mut n = Neighbours::new(8, Duration::from_secs(10));
         let mut d = vec![];
-        let (m, _) = n.learn(Some(ip(1)), hw(1, 17), true, t0, &mut d);
+        let (m, _) = n.learn(Some(ip(1)), hw(1, 17), Trust::Create, t0, &mut d);
         n.set_ah(&m, AhHandle(4));
         n.expire(t0 + Duration::from_secs(9), &mut d);
         assert_eq!(n.len(), 1);
@@ -511,8 +561,8 @@ mod tests {
         let t0 = Instant::now();
         let mut n = Neighbours::new(8, Duration::from_secs(10));
         let mut d = vec![];
-        let (m1, _) = n.learn(Some(ip(1)), hw(1, 17), true, t0, &mut d);
-        let (m2, _) = n.learn(Some(ip(1)), hw(2, 17), true, t0, &mut d);
+        let (m1, _) = n.learn(Some(ip(1)), hw(1, 17), Trust::Create, t0, &mut d);
+        let (m2, _) = n.learn(Some(ip(1)), hw(2, 17), Trust::Create, t0, &mut d);
         assert_eq!(n.by_ip(ip(1)).unwrap().0, m2);
         assert_eq!(n.by_mac(&m1).unwrap().ip, None);
     }
@@ -523,7 +573,7 @@ mod tests {
         let s = Duration::from_secs(3);
         let mut n = Neighbours::new(8, Duration::from_secs(300));
         let mut d = vec![];
-        let (m, _) = n.learn(Some(ip(1)), hw(1, 17), true, t0, &mut d);
+        let (m, _) = n.learn(Some(ip(1)), hw(1, 17), Trust::Create, t0, &mut d);
         n.set_ah(&m, AhHandle(3));
         n.send_started(AhHandle(3));
         let mut out = vec![];
@@ -551,10 +601,10 @@ mod tests {
         let t0 = Instant::now();
         let mut n = Neighbours::new(1, Duration::from_secs(10));
         let mut d = vec![];
-        let (m1, _) = n.learn(Some(ip(1)), hw(1, 17), true, t0, &mut d);
+        let (m1, _) = n.learn(Some(ip(1)), hw(1, 17), Trust::Create, t0, &mut d);
         n.set_ah(&m1, AhHandle(1));
         n.send_started(AhHandle(1));
-        let (m2, _) = n.learn(Some(ip(2)), hw(2, 17), true, t0, &mut d);
+        let (m2, _) = n.learn(Some(ip(2)), hw(2, 17), Trust::Create, t0, &mut d);
         n.set_ah(&m2, AhHandle(2));
         let mut all = n.take_ahs();
         all.sort();

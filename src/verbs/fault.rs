@@ -859,7 +859,9 @@ impl FaultyEndpoint {
         }
         if destroy_old {
             self.inner.renew_destroying_old()?;
-            self.switch.renewals_destroying.fetch_add(1, Ordering::SeqCst);
+            self.switch
+                .renewals_destroying
+                .fetch_add(1, Ordering::SeqCst);
         } else {
             self.inner.renew()?;
         }
