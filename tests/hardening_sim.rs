@@ -414,3 +414,41 @@ fn a_peer_claiming_many_addresses_holds_one_entry() {
         n.len()
     );
 }
+
+#[test]
+fn a_bad_wr_outside_the_chain_restarts_and_takes_the_chain_as_posted() {
+    let sim = Arc::new(fabric(4096));
+    let faulty = FaultyProvider::new(sim.clone());
+    let switch = faulty.switch();
+    let mut a = open(&faulty, "sim0", "198.18.2.1/24", 16, 8);
+    let mut b = open(sim.as_ref(), "sim1", "198.18.2.2/24", 16, 8);
+    let (ta, tb) = (FakeTap::default(), FakeTap::default());
+    introduce(&mut a, &ta, &mut b, &tb, A_IP, B_IP);
+    switch.bad_wr_once();
+    for i in 0..3u8 {
+        ta.inject(ipv4_frame(b.mac(), a.mac(), A_IP, B_IP, &[i; 30]));
+    }
+    let mut g = TxGate::new();
+    let r = a.tx_from_tap(&ta, &mut g, Instant::now());
+    assert!(
+        matches!(
+            r,
+            Err(uipoib::datapath::Failure::Verbs(
+                uipoib::verbs::VerbsError::BadWrOutsideChain { .. }
+            ))
+        ),
+        "{r:?}"
+    );
+    assert!(a.untrusted());
+    let stats = a.stats().clone();
+    assert_eq!(
+        stats.snapshot().send_outstanding,
+        3,
+        "the whole chain counts as posted"
+    );
+    let (t, _, _) = a.recycle(FLUSH_DEADLINE, &ta);
+    t.ledger.clone().unwrap();
+    assert_eq!(t.sends_reaped, 3, "{t:?}");
+    assert_eq!(switch.renewals_destroying(), 1);
+    assert_eq!(switch.polls_after_failure(), 0);
+}

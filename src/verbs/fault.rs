@@ -63,6 +63,10 @@ const fn bit(k: FaultKind) -> u32 {
 /// Mask bit: some live endpoint has stalled sends.
 const STALLED: u32 = 1 << 31;
 
+/// Mask bit: the next `post_send` posts its chain and then reports a `bad_wr` outside it
+/// ([`FaultSwitch::bad_wr_once`]).
+const BAD_WR: u32 = 1 << 30;
+
 /// Bits that make `poll_cq` take the slow path.
 const POLL_HOOKS: u32 = bit(FaultKind::PollError)
     | bit(FaultKind::LostCompletion)
@@ -330,6 +334,14 @@ impl FaultSwitch {
     /// ([`Endpoint::renew_destroying_old`]) instead of keeping it for its grace.
     pub fn renewals_destroying(&self) -> u64 {
         self.renewals_destroying.load(Ordering::SeqCst)
+    }
+
+    /// Make the next `post_send` post its chain and then fail naming a `bad_wr` outside
+    /// it ([`VerbsError::BadWrOutsideChain`]): a test's way to reach the restart for a
+    /// post whose outcome is unknown.
+    pub fn bad_wr_once(&self) {
+        let _st = lock(&self.state);
+        self.mask.fetch_or(BAD_WR, Ordering::SeqCst);
     }
 
     /// Make moving a QP to the error state fail (`true`) or work again (`false`): a
@@ -688,6 +700,22 @@ impl Endpoint for FaultyEndpoint {
     }
     fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), PostSendError> {
         let mask = self.switch.mask.load(Ordering::Relaxed);
+        if mask & (bit(FaultKind::PostSendError) | BAD_WR) == 0 {
+            return self.inner.post_send(wrs);
+        }
+        if mask & BAD_WR != 0 && self.switch.mask.fetch_and(!BAD_WR, Ordering::SeqCst) & BAD_WR != 0
+        {
+            // The provider posted the chain but names a bad work request outside it, so
+            // the caller cannot know how much went.
+            self.inner.post_send(wrs)?;
+            return Err(PostSendError {
+                posted: wrs.len(),
+                error: VerbsError::BadWrOutsideChain {
+                    verb: "ibv_post_send",
+                    source: std::io::Error::from_raw_os_error(libc::EINVAL),
+                },
+            });
+        }
         if mask & bit(FaultKind::PostSendError) == 0 {
             return self.inner.post_send(wrs);
         }
