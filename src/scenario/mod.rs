@@ -238,7 +238,14 @@ pub struct Expect {
     pub fired: Option<bool>,
     /// The background load still runs and moved data after the fault.
     pub traffic_running: Option<bool>,
+    /// The interface's rate over the last [`RATE_RESTORED_WINDOW`] is at least this
+    /// fraction of its rate in the window before the fault (waited for up to `within`):
+    /// what a user sees, not only that some data moved.
+    pub rate_restored: Option<f64>,
 }
+
+/// The trailing window over which `rate_restored` measures the rate now.
+pub const RATE_RESTORED_WINDOW: Duration = Duration::from_secs(2);
 
 impl Scenario {
     /// Load and check `path`, with `overrides` replacing the file's variables.
@@ -320,6 +327,7 @@ const STEP_KEYS: [(&str, &[&str]); 7] = [
             "rising",
             "fired",
             "traffic_running",
+            "rate_restored",
         ],
     ),
 ];
@@ -451,13 +459,17 @@ impl Parser<'_> {
         if traffic.is_none()
             && let Some(s) = steps
                 .iter()
-                .find(|s| matches!(&s.action, Action::Expect(e) if e.traffic_running.is_some()))
+                .find(|s| matches!(&s.action, Action::Expect(e) if e.traffic_running.is_some() || e.rate_restored.is_some()))
         {
+            let field = match &s.action {
+                Action::Expect(e) if e.traffic_running.is_none() => "rate_restored",
+                _ => "traffic_running",
+            };
             return Err(ScenarioError {
                 file: self.path.to_owned(),
                 line: s.line,
-                field: "traffic_running".into(),
-                why: "needs a [traffic] section (the load whose survival it checks)".into(),
+                field: field.into(),
+                why: "needs a [traffic] section (the load it measures)".into(),
             });
         }
         Ok(Scenario {
@@ -629,6 +641,23 @@ impl Fields<'_> {
                 _ => Err(self.wrong(k, format!("must be 0..={max}, not {i}"))),
             },
             Some(v) => Err(self.wrong(k, format!("must be a whole number, not {}", v.type_str()))),
+        }
+    }
+
+    /// A number in (0, 1].
+    fn fraction(&self, k: &str) -> Result<Option<f64>, ScenarioError> {
+        let v = match self.get(k) {
+            None => return Ok(None),
+            Some(toml::Value::Float(f)) => *f,
+            Some(toml::Value::Integer(i)) => *i as f64,
+            Some(v) => {
+                return Err(self.wrong(k, format!("must be a number, not {}", v.type_str())));
+            }
+        };
+        if v > 0.0 && v <= 1.0 {
+            Ok(Some(v))
+        } else {
+            Err(self.wrong(k, format!("must be a fraction in (0, 1], not {v}")))
         }
     }
 
@@ -878,6 +907,7 @@ impl Fields<'_> {
         }
         e.fired = self.bool("fired")?;
         e.traffic_running = self.bool("traffic_running")?;
+        e.rate_restored = self.fraction("rate_restored")?;
         let checks = [
             e.state.is_some(),
             e.restarts.is_some(),
@@ -892,6 +922,7 @@ impl Fields<'_> {
             !e.rising.is_empty(),
             e.fired.is_some(),
             e.traffic_running.is_some(),
+            e.rate_restored.is_some(),
         ];
         if !checks.iter().any(|c| *c) {
             return Err(self.p.err(

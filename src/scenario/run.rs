@@ -310,6 +310,23 @@ fn rate(samples: &[Sample], from: u64, to: u64) -> Option<f64> {
     Some((b.bytes.saturating_sub(a.bytes)) as f64 * 8.0 / (dt as f64 / 1e3) / 1e6)
 }
 
+/// For `rate_restored`: the rate in the window before the fault, and over the last
+/// [`super::RATE_RESTORED_WINDOW`] of samples, none of them from before the traffic
+/// resumed (or, without a resumption, from before the injection).
+fn rates_for_restore(
+    rep: &super::report::FaultReport,
+    samples: &[Sample],
+) -> (Option<f64>, Option<f64>) {
+    let before = rep.throughput_mbps.before;
+    let Some(last) = samples.last().map(|s| s.unix_ms) else {
+        return (before, None);
+    };
+    let w = super::RATE_RESTORED_WINDOW.as_millis() as u64;
+    let since = rep.resumed_unix_ms.or(rep.injected_unix_ms).unwrap_or(0);
+    let now = rate(samples, last.saturating_sub(w).max(since), last);
+    (before, now)
+}
+
 fn mean_in(iv: &[(u64, f64)], from: u64, to: u64) -> Option<f64> {
     let v: Vec<f64> = iv
         .iter()
@@ -902,6 +919,10 @@ impl Runner {
                 || !e.rising.iter().all(rose)
                 || (e.traffic_running.is_some() || e.resumed_within_ms.is_some())
                     && rep.resumed_unix_ms.is_none()
+                || e.rate_restored.is_some_and(|f| {
+                    let (before, now) = rates_for_restore(rep, &sampler.snapshot());
+                    !matches!((before, now), (Some(b), Some(n)) if n >= f * b)
+                })
                 || e.detected_within_ms.is_some() && rep.detected_unix_ms.is_none()
                 || e.ledger_balanced.is_some() && rep.ledger_balanced != Some(true);
             if !pending || Instant::now() >= deadline {
@@ -1055,6 +1076,22 @@ impl Runner {
                 .into(),
                 (rep.fired > 0) == want,
                 format!("{} injection(s)", rep.fired),
+            );
+        }
+        if let Some(f) = e.rate_restored {
+            let (before, last) = rates_for_restore(rep, &sampler.snapshot());
+            let secs = super::RATE_RESTORED_WINDOW.as_secs_f64();
+            check(
+                format!("rate restored to {:.0}% of before", f * 100.0),
+                matches!((before, last), (Some(b), Some(n)) if n >= f * b),
+                match (before, last) {
+                    (None, _) => "no rate measured before the fault".into(),
+                    (Some(b), None) => format!("{b:.1} Mbit/s before, nothing measured now"),
+                    (Some(b), Some(n)) => format!(
+                        "{b:.1} Mbit/s before, {n:.1} Mbit/s over the last {secs:.0} s ({:.0}%, {waited})",
+                        if b > 0.0 { n / b * 100.0 } else { 0.0 }
+                    ),
+                },
             );
         }
         if let Some(want) = e.traffic_running {

@@ -266,9 +266,19 @@ fn iperf3_interval_lines_give_their_throughput() {
 /// A control socket that answers like a running daemon with no faults, except that from
 /// its `bad_from`-th `status` request on it answers with something that is not a status.
 fn fake_daemon(path: &Path, bad_from: usize) -> std::thread::JoinHandle<()> {
+    fake_daemon_moving(path, bad_from, |_| 0)
+}
+
+/// [`fake_daemon`] whose interface has received `bytes(ms)` bytes `ms` after it started.
+fn fake_daemon_moving(
+    path: &Path,
+    bad_from: usize,
+    bytes: impl Fn(u64) -> u64 + Send + 'static,
+) -> std::thread::JoinHandle<()> {
     use std::io::{BufRead, BufReader, Write};
     use std::os::unix::net::UnixListener;
     let listener = UnixListener::bind(path).unwrap();
+    let t0 = std::time::Instant::now();
     std::thread::spawn(move || {
         let mut statuses = 0;
         for stream in listener.incoming() {
@@ -293,7 +303,13 @@ fn fake_daemon(path: &Path, bad_from: usize) -> std::thread::JoinHandle<()> {
                     }
                 }
                 Some("stats") => {
-                    serde_json::json!({"ok": true, "stats": crate::stats::Snapshot::default()})
+                    let b = bytes(t0.elapsed().as_millis() as u64);
+                    let snap = crate::stats::Snapshot {
+                        rx_bytes: b,
+                        rx_packets: b / 1000,
+                        ..Default::default()
+                    };
+                    serde_json::json!({"ok": true, "stats": snap})
                 }
                 Some("faults") => serde_json::json!({"ok": true, "injected": 0, "recent": []}),
                 Some("quit") => return,
@@ -376,4 +392,93 @@ fn good_reads_add_no_check() {
         "{:?}",
         r.checks
     );
+}
+
+/// A run whose fault (opened at 3.5 s) cuts the fake interface's rate from 8 Mbit/s to
+/// `after` Mbit/s, checked by `rate_restored = 0.5`.
+fn rate_run(tag: &str, after_mbps: u64) -> super::report::Report {
+    let dir = std::env::temp_dir().join(format!("uipoib-rate-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("ctl.sock");
+    // 8 Mbit/s = 1000 bytes per ms until the fault, then `after_mbps`.
+    let server = fake_daemon_moving(&sock, usize::MAX, move |ms| {
+        let cut = 3_600;
+        if ms <= cut {
+            ms * 1000
+        } else {
+            cut * 1000 + (ms - cut) * after_mbps * 125
+        }
+    });
+    let s = parse(
+        r#"
+name = "rate"
+description = "the rate after a fault against the rate before it"
+
+[traffic]
+command = ["sleep", "60"]
+
+[[step]]
+do = "wait"
+ms = 3500
+
+[[step]]
+do = "exec"
+fault = "probe"
+command = ["true"]
+
+[[step]]
+do = "wait"
+ms = 300
+
+[[step]]
+do = "expect"
+within_ms = 2500
+rate_restored = 0.5
+"#,
+    )
+    .unwrap();
+    let report = super::run::Runner::new(s, &sock).quiet().run().unwrap();
+    let _ = crate::control::request(&sock, "quit");
+    server.join().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    report
+}
+
+#[test]
+fn a_rate_that_stays_low_after_the_fault_fails_rate_restored() {
+    let r = rate_run("low", 1);
+    let o = r.faults[0]
+        .expectations
+        .iter()
+        .find(|o| o.what.starts_with("rate restored"))
+        .expect("the rate check");
+    assert!(!o.ok, "{o:?}");
+    assert!(o.detail.contains("Mbit/s before"), "{}", o.detail);
+    assert!(!r.passed);
+}
+
+#[test]
+fn a_rate_back_to_most_of_before_passes_rate_restored() {
+    let r = rate_run("back", 7);
+    let o = r.faults[0]
+        .expectations
+        .iter()
+        .find(|o| o.what.starts_with("rate restored"))
+        .expect("the rate check");
+    assert!(o.ok, "{o:?}");
+}
+
+#[test]
+fn rate_restored_is_a_fraction_and_needs_traffic() {
+    let base =
+        "[traffic]\ncommand = \"true\"\n[[step]]\ndo = \"restart\"\n[[step]]\ndo = \"expect\"\n";
+    let e = err(&format!("{base}rate_restored = 1.5\n"));
+    assert!(e.field.ends_with("].rate_restored"), "{e}");
+    assert!(e.why.contains("(0, 1]"), "{e}");
+    let e = err(&format!("{base}rate_restored = \"most\"\n"));
+    assert!(e.why.contains("must be a number"), "{e}");
+    assert!(parse(&format!("{base}rate_restored = 0.8\n")).is_ok());
+    let e = err("[[step]]\ndo = \"restart\"\n[[step]]\ndo = \"expect\"\nrate_restored = 0.5\n");
+    assert_eq!(e.field, "rate_restored", "{e}");
 }
