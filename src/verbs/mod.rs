@@ -279,6 +279,20 @@ pub enum VerbsError {
         /// What is wrong.
         why: String,
     },
+    /// The port's link layer is not Ethernet (RoCE). InfiniBand needs LID routing and
+    /// path records from the subnet administrator, which are not implemented.
+    #[error(
+        "device {device} port {port} has an {link_layer} link layer; uipoib supports only \
+         Ethernet (RoCE) link layers for now"
+    )]
+    UnsupportedLinkLayer {
+        /// Device name.
+        device: String,
+        /// Port number.
+        port: u8,
+        /// The link layer found (`InfiniBand`, or `unknown (n)`).
+        link_layer: String,
+    },
     /// No usable GID at the requested (or any) index.
     #[error("device {device} port {port}: no usable GID ({why})")]
     NoGid {

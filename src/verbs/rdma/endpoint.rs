@@ -174,6 +174,7 @@ impl RdmaEndpoint {
         // them in reverse: QP, CQs, channel, MR, PD, memory, context.
         let ctx = device::open_by_name(&cfg.device, &log)?;
         let port = device::query_port(&ctx, &cfg.device, cfg.port)?;
+        device::check_link_layer(&cfg.device, cfg.port, port.link_layer)?;
         let gid = device::choose_gid(&ctx, &cfg.device, cfg.port, port.gid_tbl_len, cfg.gid_index)?;
         let max_payload = match cfg.max_payload {
             None => port.mtu,
@@ -224,7 +225,7 @@ impl RdmaEndpoint {
             }
         };
         bring_up(&qp, cfg)?;
-        let watcher = open_watcher(&ctx, cfg, &gid);
+        let watcher = open_watcher(&ctx, cfg, &gid)?;
 
         let attrs = EndpointAttrs {
             device: cfg.device.clone(),
@@ -802,7 +803,13 @@ fn detach_raw(qp: &Qp, gid: &Gid) -> c_int {
 }
 
 /// Set up the removal watcher for the endpoint's GID, or log why not and run without.
-fn open_watcher(ctx: &Context, cfg: &EndpointConfig, gid: &GidChoice) -> Option<RemovalWatcher> {
+/// A watcher that the kernel bound to another device or port than the one opened is an
+/// error: its removal events would be another device's, and this one's would go unseen.
+fn open_watcher(
+    ctx: &Context,
+    cfg: &EndpointConfig,
+    gid: &GidChoice,
+) -> Result<Option<RemovalWatcher>, VerbsError> {
     let scope_id = device::gid_netdev(&cfg.device, cfg.port, gid.index)
         .and_then(|ndev| device::ifindex(&ndev))
         .unwrap_or(0);
@@ -815,31 +822,47 @@ fn open_watcher(ctx: &Context, cfg: &EndpointConfig, gid: &GidChoice) -> Option<
                 "no rdma_cm removal watcher: a device removal is detected only on drivers \
                  that report DEVICE_FATAL (rxe does not)"
             );
-            return None;
+            return Ok(None);
         }
     };
-    let (guid, index) = ctx.identity();
+    let bound_name = bound.ibdev_index.and_then(device::name_by_index);
+    check_binding(cfg, &addr, ctx.identity(), &bound, bound_name.as_deref())?;
+    tracing::debug!(%addr, ibdev_index = ?bound.ibdev_index, "rdma_cm removal watcher bound");
+    Ok(Some(watcher))
+}
+
+/// Whether the watcher's binding (`bound`, on the device called `bound_name` if known) is
+/// the opened device (`own`: node GUID and kernel index) and port; else an error naming
+/// both devices.
+fn check_binding(
+    cfg: &EndpointConfig,
+    addr: &std::net::SocketAddr,
+    own: (u64, Option<u32>),
+    bound: &cm::Binding,
+    bound_name: Option<&str>,
+) -> Result<(), VerbsError> {
+    let (guid, index) = own;
     let same_index = match (index, bound.ibdev_index) {
         (Some(a), Some(b)) => a == b,
         _ => true,
     };
-    if bound.node_guid != guid || !same_index || bound.port != cfg.port {
-        let bound_name = bound
-            .ibdev_index
-            .and_then(device::name_by_index)
-            .unwrap_or_else(|| "?".into());
-        tracing::warn!(
-            device = %cfg.device, port = cfg.port, %addr,
-            bound_device = %bound_name, bound_port = bound.port,
-            bound_guid = format_args!("{:016x}", u64::from_be(bound.node_guid)),
-            guid = format_args!("{:016x}", u64::from_be(guid)),
-            "the rdma_cm watcher bound to another device or port: its removal events are \
-             not this endpoint's"
-        );
-    } else {
-        tracing::debug!(%addr, ibdev_index = ?bound.ibdev_index, "rdma_cm removal watcher bound");
+    if bound.node_guid == guid && same_index && bound.port == cfg.port {
+        return Ok(());
     }
-    Some(watcher)
+    let other = match bound_name {
+        Some(name) => name.to_string(),
+        None => format!("with node GUID {:016x}", u64::from_be(bound.node_guid)),
+    };
+    Err(VerbsError::BadPort {
+        device: cfg.device.clone(),
+        port: cfg.port,
+        why: format!(
+            "the address {addr} of its GID belongs to device {other} port {} for rdma_cm, \
+             not to {} port {}: the removal watcher would report device {other}'s removal, \
+             and {}'s would go unseen (give {} a GID of its own, or pick another gid_index)",
+            bound.port, cfg.device, cfg.port, cfg.device, cfg.device
+        ),
+    })
 }
 
 /// A work completion in the provider-independent form.
@@ -1452,6 +1475,60 @@ mod tests {
         assert_eq!(posted_before(base, ptr::null(), 4), None);
         let odd = (base as usize + 1) as *const ibv_send_wr;
         assert_eq!(posted_before(base, odd, 4), None);
+    }
+
+    #[test]
+    fn a_watcher_bound_to_another_device_is_an_error_naming_both() {
+        let cfg = EndpointConfig {
+            device: "rxe0".into(),
+            port: 1,
+            gid_index: None,
+            qkey: 1,
+            recv_slots: 8,
+            send_slots: 8,
+            max_payload: None,
+        };
+        let addr: std::net::SocketAddr = "198.18.0.1:0".parse().unwrap();
+        let own = (0x1122_u64.to_be(), Some(3));
+        let ours = cm::Binding {
+            node_guid: 0x1122_u64.to_be(),
+            ibdev_index: Some(3),
+            port: 1,
+        };
+        assert!(check_binding(&cfg, &addr, own, &ours, Some("rxe0")).is_ok());
+        // A kernel that does not report the index: the GUID and port decide.
+        let no_index = cm::Binding {
+            ibdev_index: None,
+            ..ours
+        };
+        assert!(check_binding(&cfg, &addr, own, &no_index, None).is_ok());
+        for other in [
+            cm::Binding {
+                ibdev_index: Some(4),
+                ..ours
+            },
+            cm::Binding {
+                node_guid: 0x3344_u64.to_be(),
+                ibdev_index: Some(4),
+                port: 1,
+            },
+            cm::Binding { port: 2, ..ours },
+        ] {
+            let e = check_binding(&cfg, &addr, own, &other, Some("mlx5_1"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("rxe0") && e.contains("mlx5_1"), "{e}");
+            assert!(e.contains("198.18.0.1"), "{e}");
+        }
+        let unnamed = cm::Binding {
+            node_guid: 0x3344_u64.to_be(),
+            ibdev_index: None,
+            port: 1,
+        };
+        let e = check_binding(&cfg, &addr, own, &unnamed, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("node GUID 0000000000003344"), "{e}");
     }
 
     #[test]
