@@ -284,7 +284,10 @@ pub struct Ended {
 /// A running supervisor.
 pub struct Supervisor {
     commands: Sender<Command>,
-    thread: Option<JoinHandle<Ended>>,
+    thread: Option<JoinHandle<()>>,
+    /// The thread's [`Ended`], sent as its last act.
+    ended: Receiver<Ended>,
+    name: String,
 }
 
 /// Everything a supervisor needs.
@@ -309,13 +312,19 @@ impl Supervisor {
     /// Start supervising `first`, which is already open; its poller starts now.
     pub fn spawn(setup: Setup, first: Interface) -> std::io::Result<Supervisor> {
         let (commands, rx) = unbounded();
+        let (ended_tx, ended) = crossbeam_channel::bounded(1);
         let name = setup.name.clone();
         let thread = std::thread::Builder::new()
             .name(format!("sup-{name}"))
-            .spawn(move || Shell::new(setup, rx).run(first))?;
+            .spawn(move || {
+                let e = Shell::new(setup, rx).run(first);
+                let _ = ended_tx.send(e);
+            })?;
         Ok(Supervisor {
             commands,
             thread: Some(thread),
+            ended,
+            name,
         })
     }
 
@@ -329,10 +338,36 @@ impl Supervisor {
         let _ = self.commands.send(Command::Restart);
     }
 
-    /// Tear down and wait for the end.
-    pub fn shutdown(mut self) -> Option<Ended> {
+    /// Tear down and wait for the end, at most [`SHUTDOWN_BOUND`]; `None` if it did not
+    /// end by then (see [`Supervisor::finish_shutdown`]).
+    pub fn shutdown(self) -> Option<Ended> {
+        self.begin_shutdown();
+        self.finish_shutdown(Instant::now() + SHUTDOWN_BOUND)
+    }
+
+    /// Ask for the teardown without waiting (several interfaces then stop together).
+    pub fn begin_shutdown(&self) {
         let _ = self.commands.send(Command::Shutdown);
-        self.thread.take().and_then(|t| t.join().ok())
+    }
+
+    /// Wait for the end until `deadline`. `None` if the supervisor had not ended by then
+    /// (a hung poller or destroy): its threads are left behind, logged, and the caller
+    /// goes on (the daemon exits).
+    pub fn finish_shutdown(mut self, deadline: Instant) -> Option<Ended> {
+        match self.ended.recv_deadline(deadline) {
+            Ok(e) => {
+                if let Some(t) = self.thread.take()
+                    && t.join().is_err()
+                {
+                    tracing::error!(iface = %self.name, "supervisor thread panicked");
+                }
+                Some(e)
+            }
+            Err(_) => {
+                tracing::error!(iface = %self.name, "the interface did not stop in time: leaving its threads behind");
+                None
+            }
+        }
     }
 }
 

@@ -135,6 +135,25 @@ fn a_panicking_poller_is_a_restart_from_scratch_with_the_ledger_lost() {
 }
 
 #[test]
+fn a_shutdown_ends_within_its_bound_when_the_poller_hangs() {
+    let (_sim, switch, mut a, b) = pair(RestartPolicy::default());
+    switch.hang_polls(true);
+    poke(&a, &b);
+    // Let the poller get stuck in its poll.
+    std::thread::sleep(Duration::from_millis(100));
+    let sup = a.sup.take().unwrap();
+    let start = Instant::now();
+    sup.begin_shutdown();
+    let ended = sup.finish_shutdown(start + Duration::from_millis(300));
+    let took = start.elapsed();
+    assert!(ended.is_none(), "a hung poller cannot have stopped");
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    // Its threads are left behind; let them go.
+    switch.hang_polls(false);
+    b.end();
+}
+
+#[test]
 fn a_failed_poller_start_is_a_failed_attempt_not_a_shutdown() {
     let (_sim, switch, a, b) = pair(RestartPolicy {
         backoff_initial: Duration::from_millis(5),
