@@ -1051,8 +1051,10 @@ impl Interface {
     /// Periodic work: age neighbours and destroy their idle AHs, re-resolve peers that
     /// went silent while in use, and run the send-stall watchdog.
     pub fn housekeeping(&mut self, now: Instant) -> Result<(), Failure> {
-        // The previous epoch's QP and CQs go, the next restart's are made (a failure is
-        // counted; it does not stop the datapath, and a renewal makes what is missing).
+        // The next restart's QP and CQs are made ahead (a failure is counted; it does not
+        // stop the datapath, and a renewal makes what is missing). The previous epoch's
+        // are destroyed by the supervisor's reaper thread, never here: a destroy can
+        // block for a second.
         if let Err(e) = self.ep.maintain() {
             stats::add(&self.stats.teardown_errors, 1);
             tracing::warn!(error = %e, "endpoint maintenance (retired or spare QP and CQs) failed");
