@@ -1,7 +1,10 @@
 //! The daemon: opens interfaces, creates and configures their TAPs, starts a restart
 //! supervisor (which runs the poller) and a control socket for each, and waits for
 //! SIGINT/SIGTERM. Then every supervisor tears its interface down in order and the
-//! counters are printed.
+//! counters are printed. The teardown is bounded: all interfaces stop together, within
+//! [`SHUTDOWN_BOUND`] (15 s: 5 s to stop the poller and tear down, plus what is left of
+//! the replaced QPs' 10 s grace); an interface that has not stopped by then (a hung
+//! poller or destroy) is reported as such and the daemon exits without it.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -13,7 +16,7 @@ use crate::config::Config;
 use crate::control::{ControlError, ControlServer};
 use crate::datapath::{Interface, OpenError, Params};
 use crate::stats::Stats;
-use crate::supervisor::{Setup, Status, Supervisor};
+use crate::supervisor::{SHUTDOWN_BOUND, Setup, Status, Supervisor};
 use crate::tap::{Tap, TapDevice, TapError};
 use crate::verbs::Provider;
 use crate::verbs::fault::FaultyProvider;
@@ -75,6 +78,8 @@ impl Outcome {
 
 struct Running {
     supervisor: Supervisor,
+    name: String,
+    stats: Arc<Stats>,
     _control: ControlServer,
     _tap: Arc<Tap>,
 }
@@ -123,18 +128,39 @@ pub fn run(
         recv(sig_rx) -> s => tracing::info!(signal = s.unwrap_or(0), "stopping"),
         recv(stop_rx) -> _ => tracing::info!("stopping"),
     }
+    let outcome = stop_all(running, SHUTDOWN_BOUND);
+    sig_handle.close();
+    let _ = sig_thread.join();
+    Ok(outcome)
+}
+
+/// Stop every interface together, waiting at most `bound` for all of them. One that has
+/// not stopped by then is in the outcome with its counters so far and a ledger verdict
+/// that says so (exit code 1).
+fn stop_all(running: Vec<Running>, bound: std::time::Duration) -> Outcome {
+    for r in &running {
+        r.supervisor.begin_shutdown();
+    }
+    let deadline = std::time::Instant::now() + bound;
     let mut outcome = Outcome {
         interfaces: Vec::new(),
     };
     for r in running {
-        if let Some(e) = r.supervisor.shutdown() {
-            tracing::info!(iface = %e.name, ledger = ?e.ledger, "interface torn down");
-            outcome.interfaces.push((e.name, e.stats, e.ledger));
+        match r.supervisor.finish_shutdown(deadline) {
+            Some(e) => {
+                tracing::info!(iface = %e.name, ledger = ?e.ledger, "interface torn down");
+                outcome.interfaces.push((e.name, e.stats, e.ledger));
+            }
+            None => {
+                let why = format!("did not stop within {bound:?}: torn down by the exit");
+                tracing::error!(iface = %r.name, "{why}");
+                outcome
+                    .interfaces
+                    .push((r.name, r.stats.snapshot(), Err(why)));
+            }
         }
     }
-    sig_handle.close();
-    let _ = sig_thread.join();
-    Ok(outcome)
+    outcome
 }
 
 fn start(spec: &Spec, provider: Arc<dyn Provider>) -> Result<Running, DaemonError> {
@@ -182,7 +208,7 @@ fn start(spec: &Spec, provider: Arc<dyn Provider>) -> Result<Running, DaemonErro
     })?;
     let control = match ControlServer::start(
         &c.control,
-        stats,
+        stats.clone(),
         status,
         Some(supervisor.commands()),
         Some(faults),
@@ -195,6 +221,8 @@ fn start(spec: &Spec, provider: Arc<dyn Provider>) -> Result<Running, DaemonErro
     };
     Ok(Running {
         supervisor,
+        name: c.tap.clone(),
+        stats,
         _control: control,
         _tap: tap,
     })

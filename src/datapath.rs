@@ -155,6 +155,20 @@ pub enum Failure {
     /// without an async event), and only a rebuild recovers it.
     #[error("the QP is in the error state ({0} work requests flushed)")]
     QpError(u64),
+    /// The port's GID table changed and our GID (or its index) with it.
+    #[error("our GID changed: {was} when opened, {now} now")]
+    GidChanged {
+        /// GID and index when the endpoint was opened.
+        was: String,
+        /// What the endpoint would choose now (`none` when no usable GID is left).
+        now: String,
+    },
+    /// The poller thread panicked; the interface went with it.
+    #[error("the poller thread panicked: {0}")]
+    PollerPanicked(String),
+    /// A new poller could not be started on a rebuilt interface.
+    #[error("starting the poller failed: {0}")]
+    PollerStart(String),
 }
 
 impl Failure {
@@ -170,6 +184,9 @@ impl Failure {
             Failure::TxStall { .. } => "tx-stall",
             Failure::Operator => "operator",
             Failure::QpError(_) => "qp-error",
+            Failure::GidChanged { .. } => "gid-changed",
+            Failure::PollerPanicked(_) => "poller-panicked",
+            Failure::PollerStart(_) => "poller-start",
         }
     }
 
@@ -1059,8 +1076,10 @@ impl Interface {
     /// Periodic work: age neighbours and destroy their idle AHs, re-resolve peers that
     /// went silent while in use, and run the send-stall watchdog.
     pub fn housekeeping(&mut self, now: Instant) -> Result<(), Failure> {
-        // The previous epoch's QP and CQs go, the next restart's are made (a failure is
-        // counted; it does not stop the datapath, and a renewal makes what is missing).
+        // The next restart's QP and CQs are made ahead (a failure is counted; it does not
+        // stop the datapath, and a renewal makes what is missing). The previous epoch's
+        // are destroyed by the supervisor's reaper thread, never here: a destroy can
+        // block for a second.
         if let Err(e) = self.ep.maintain() {
             stats::add(&self.stats.teardown_errors, 1);
             tracing::warn!(error = %e, "endpoint maintenance (retired or spare QP and CQs) failed");

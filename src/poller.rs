@@ -9,8 +9,14 @@
 //! and does not reschedule. It stops touching the verbs objects, deregisters, and moves
 //! the [`Interface`] by value into an [`Exit::Failed`] message to the supervisor. It
 //! cannot touch the interface again: it no longer owns it.
+//!
+//! A panic in the poller thread is caught at the thread's top ([`Exit::Panicked`]): the
+//! interface was dropped by the unwind (its endpoint destroyed), and the supervisor
+//! rebuilds from scratch, reporting that epoch's ledger as lost. A poller is never a
+//! silently dead thread.
 
 use std::io;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::thread::JoinHandle;
@@ -24,7 +30,7 @@ use crate::datapath::{Failure, Interface};
 use crate::napi::{Action, Napi, TxGate};
 use crate::stats;
 use crate::tap::TapDevice;
-use crate::verbs::{AsyncEvent, CqKind};
+use crate::verbs::{AsyncEvent, CqKind, Endpoint};
 
 const TAP: Token = Token(0);
 const CQ: Token = Token(1);
@@ -54,6 +60,36 @@ pub enum Exit {
         /// When it was seen.
         at: Instant,
     },
+    /// The poller thread panicked. The interface was dropped by the unwind: its verbs
+    /// objects are destroyed, and its work requests can no longer be accounted for.
+    Panicked {
+        /// The interface name (TAP).
+        name: String,
+        /// The panic's message.
+        message: String,
+        /// When it was caught.
+        at: Instant,
+    },
+}
+
+/// A poller that could not be started, with the interface it was given (untouched but
+/// for a registration that was undone).
+pub struct SpawnFailed {
+    /// Why.
+    pub error: io::Error,
+    /// The interface, back.
+    pub iface: Box<Interface>,
+}
+
+/// The message of a caught panic.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-text payload".into()
+    }
 }
 
 /// Nothing asked of the poller.
@@ -74,30 +110,94 @@ impl Poller {
     /// Start a poller thread owning `iface`. Its end is reported on `exits`.
     pub fn spawn(
         name: String,
-        mut iface: Interface,
+        iface: Interface,
         tap: Arc<dyn TapDevice>,
         exits: Sender<Exit>,
     ) -> io::Result<Poller> {
+        Self::try_spawn(name, iface, tap, exits).map_err(|f| f.error)
+    }
+
+    /// Like [`Poller::spawn`], but a failure hands the interface back.
+    pub fn try_spawn(
+        name: String,
+        mut iface: Interface,
+        tap: Arc<dyn TapDevice>,
+        exits: Sender<Exit>,
+    ) -> Result<Poller, SpawnFailed> {
+        let poll = match Self::poll_set(&mut iface, tap.as_ref()) {
+            Ok(p) => p,
+            Err(error) => {
+                return Err(SpawnFailed {
+                    error,
+                    iface: Box::new(iface),
+                });
+            }
+        };
+        let waker = match Waker::new(poll.registry(), WAKE) {
+            Ok(w) => Arc::new(w),
+            Err(error) => {
+                let _ = iface.endpoint_mut().deregister(poll.registry());
+                return Err(SpawnFailed {
+                    error,
+                    iface: Box::new(iface),
+                });
+            }
+        };
+        let request = Arc::new(AtomicU8::new(RUN));
+        let request2 = request.clone();
+        // The interface goes to the thread once it runs, so that a failed spawn can hand
+        // it back.
+        let (give, take) = crossbeam_channel::bounded::<Interface>(1);
+        let spawned = std::thread::Builder::new()
+            .name(format!("poll-{name}"))
+            .spawn(move || {
+                let Ok(iface) = take.recv() else { return };
+                let caught = panic::catch_unwind(AssertUnwindSafe(|| {
+                    run(name.clone(), iface, tap.as_ref(), poll, &request2)
+                }));
+                let exit = caught.unwrap_or_else(|payload| {
+                    let message = panic_message(payload.as_ref());
+                    tracing::error!(iface = %name, %message, "the poller thread panicked: the interface is lost, the supervisor rebuilds it");
+                    Exit::Panicked {
+                        name,
+                        message,
+                        at: Instant::now(),
+                    }
+                });
+                // The receiver may be gone when the daemon is exiting; nothing to do then.
+                let _ = exits.send(exit);
+            });
+        match spawned {
+            Ok(thread) => {
+                if let Err(back) = give.send(iface) {
+                    // Cannot happen: the thread holds the receiver until it gets the
+                    // interface. Hand it back all the same.
+                    return Err(SpawnFailed {
+                        error: io::Error::other("the poller thread ended before it started"),
+                        iface: Box::new(back.into_inner()),
+                    });
+                }
+                Ok(Poller {
+                    waker,
+                    request,
+                    thread: Some(thread),
+                })
+            }
+            Err(error) => Err(SpawnFailed {
+                error,
+                iface: Box::new(iface),
+            }),
+        }
+    }
+
+    /// A poll set with the TAP and the endpoint registered.
+    fn poll_set(iface: &mut Interface, tap: &dyn TapDevice) -> io::Result<Poll> {
         let poll = Poll::new()?;
-        let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
         let fd = tap.raw_fd();
         poll.registry()
             .register(&mut SourceFd(&fd), TAP, Interest::READABLE)?;
         iface.endpoint_mut().register(poll.registry(), CQ, ASYNC)?;
-        let request = Arc::new(AtomicU8::new(RUN));
-        let request2 = request.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("poll-{name}"))
-            .spawn(move || {
-                let exit = run(name, iface, tap.as_ref(), poll, &request2);
-                // The receiver may be gone when the daemon is exiting; nothing to do then.
-                let _ = exits.send(exit);
-            })?;
-        Ok(Poller {
-            waker,
-            request,
-            thread: Some(thread),
-        })
+        Ok(poll)
     }
 
     /// Ask the poller to stop; it reports [`Exit::Stopped`].
@@ -197,6 +297,13 @@ fn run(
                                     }
                                     iface.announce(Instant::now());
                                 }
+                                AsyncEvent::NotLive(n) => {
+                                    stats::add(&iface.stats().async_not_live, 1);
+                                    tracing::info!(iface = %name, event = n, "async event for a retired or spare QP or CQ: not the live epoch's, ignored");
+                                }
+                                AsyncEvent::GidChange => {
+                                    gid_check(&name, iface.endpoint_mut())?;
+                                }
                                 AsyncEvent::Other(n) => {
                                     tracing::debug!(iface = %name, event = n, "async event")
                                 }
@@ -262,6 +369,25 @@ fn run(
             }
         }
     }
+}
+
+/// After a GID table change: a restart if our GID (or its index) is not what the endpoint
+/// would choose now, else nothing.
+fn gid_check(name: &str, ep: &mut dyn Endpoint) -> Result<(), Failure> {
+    let was = (ep.attrs().gid, ep.attrs().gid_index);
+    let now = ep.gid_now().map_err(Failure::Verbs)?;
+    if now == Some(was) {
+        tracing::info!(iface = %name, gid = %was.0, "GID table changed; our GID did not");
+        return Ok(());
+    }
+    let show = |g: Option<(crate::verbs::Gid, u8)>| match g {
+        Some((gid, index)) => format!("{gid} at index {index}"),
+        None => "none".to_string(),
+    };
+    Err(Failure::GidChanged {
+        was: show(Some(was)),
+        now: show(now),
+    })
 }
 
 /// What this poller has already added to the interface's counters (which outlive

@@ -275,6 +275,9 @@ counters! {
     restarts,
     /// Port-down events (carrier turned off until the port is active again).
     port_down_events,
+    /// Asynchronous events for a QP or CQ that is not the live one (retired or spare):
+    /// logged, never a restart.
+    async_not_live,
     /// Completions rejected by the ledger (stale epoch, unknown id, duplicate).
     completions_rejected,
     /// The local QPN.

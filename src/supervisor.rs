@@ -18,6 +18,21 @@
 //! restarts within a window (carrier off, clear log line, `uipoib status` says so) until
 //! an operator restart, or, when the device was lost, until the device returns.
 //!
+//! A device that keeps failing with `DEVICE_FATAL` while it stays present is held by the
+//! breaker like any other cause: a dead interface whose device was lost is revived only
+//! once the device has been seen gone (opens failing with "no device") and back.
+//!
+//! A poller that cannot be started on a rebuilt interface is a failed attempt (counted,
+//! backed off, retried), and a poller thread that panics is a restart cause
+//! (`poller-panicked`): the interface went with the panic, so the next epoch is opened
+//! from scratch and that epoch's ledger is reported as lost.
+//!
+//! The QPs and CQs a renewal replaced are destroyed on a reaper thread (`reap-<tap>`),
+//! never on the poller thread, once their grace is over (see [`crate::verbs::retire`]); a
+//! shutdown waits out what is left of the grace, at most [`SHUTDOWN_GRACE_CAP`]. A
+//! shutdown ends within [`SHUTDOWN_BOUND`] even if the poller hangs
+//! ([`Supervisor::finish_shutdown`]).
+//!
 //! [`Backoff`] and [`Breaker`] are pure and take `now`; the thread is the shell.
 
 use std::collections::VecDeque;
@@ -25,15 +40,18 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crossbeam_channel::{Receiver, Sender, select, unbounded};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, select, unbounded};
 use serde::{Deserialize, Serialize};
 
 use crate::config::RestartPolicy;
-use crate::datapath::{FLUSH_DEADLINE, Failure, Interface, KeptEndpoint, OpenError, Params};
+use crate::datapath::{
+    FLUSH_DEADLINE, Failure, Interface, KeptEndpoint, OpenError, Params, Teardown,
+};
 use crate::neigh::Neighbours;
-use crate::poller::{Exit, Poller};
+use crate::poller::{Exit, Poller, SpawnFailed};
 use crate::stats::{self, Snapshot, Stats};
 use crate::tap::TapDevice;
+use crate::verbs::retire::{self, RETIRE_GRACE, Reaper};
 use crate::verbs::{Provider, VerbsError};
 
 /// An interface that ran this long since its last restart is healthy again: the next
@@ -42,6 +60,25 @@ pub const HEALTHY_AFTER: Duration = Duration::from_secs(1);
 
 /// Restart records kept for `uipoib status`.
 pub const HISTORY_LEN: usize = 32;
+
+/// What a shutdown may take for stopping the poller and tearing the interface down: the
+/// flush drain ([`FLUSH_DEADLINE`]) and the destroys, of which one can block for 1.2 s
+/// (measured, see [`crate::verbs::retire`]), with room for several.
+pub const SHUTDOWN_TEARDOWN_BOUND: Duration = Duration::from_secs(5);
+
+/// Longest a shutdown waits for the QPs a renewal replaced to come due
+/// ([`RETIRE_GRACE`]): at most one whole grace.
+pub const SHUTDOWN_GRACE_CAP: Duration = RETIRE_GRACE;
+
+/// Longest a shutdown takes (15 s): [`SHUTDOWN_TEARDOWN_BOUND`] plus
+/// [`SHUTDOWN_GRACE_CAP`]. A supervisor (or poller) that has not ended by then is left
+/// behind, and the daemon exits without it.
+pub const SHUTDOWN_BOUND: Duration = SHUTDOWN_TEARDOWN_BOUND.saturating_add(SHUTDOWN_GRACE_CAP);
+
+/// Longest the reaper thread sleeps between looks at the retired objects when nothing
+/// tells it of a new one (a retirement beyond [`crate::verbs::retire::RETIRED_CAP`] is
+/// due at once and waits at most this long).
+const REAP_IDLE: Duration = Duration::from_secs(1);
 
 /// What can be asked of a supervisor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +120,11 @@ pub struct RestartRecord {
     /// Where the recovery time went (ms), in order; see [`Phases`].
     #[serde(default)]
     pub phases: Phases,
+    /// Whether the failed epoch's interface was lost (a poller panic): nothing was
+    /// drained or reaped, and `ledger_balanced` is `false` because its work requests
+    /// cannot be accounted for, not because a reap found them unbalanced.
+    #[serde(default)]
+    pub ledger_lost: bool,
 }
 
 /// Where one recovery's time went, in milliseconds, in the order the phases run. Their
@@ -242,7 +284,10 @@ pub struct Ended {
 /// A running supervisor.
 pub struct Supervisor {
     commands: Sender<Command>,
-    thread: Option<JoinHandle<Ended>>,
+    thread: Option<JoinHandle<()>>,
+    /// The thread's [`Ended`], sent as its last act.
+    ended: Receiver<Ended>,
+    name: String,
 }
 
 /// Everything a supervisor needs.
@@ -267,13 +312,19 @@ impl Supervisor {
     /// Start supervising `first`, which is already open; its poller starts now.
     pub fn spawn(setup: Setup, first: Interface) -> std::io::Result<Supervisor> {
         let (commands, rx) = unbounded();
+        let (ended_tx, ended) = crossbeam_channel::bounded(1);
         let name = setup.name.clone();
         let thread = std::thread::Builder::new()
             .name(format!("sup-{name}"))
-            .spawn(move || Shell::new(setup, rx).run(first))?;
+            .spawn(move || {
+                let e = Shell::new(setup, rx).run(first);
+                let _ = ended_tx.send(e);
+            })?;
         Ok(Supervisor {
             commands,
             thread: Some(thread),
+            ended,
+            name,
         })
     }
 
@@ -287,10 +338,36 @@ impl Supervisor {
         let _ = self.commands.send(Command::Restart);
     }
 
-    /// Tear down and wait for the end.
-    pub fn shutdown(mut self) -> Option<Ended> {
+    /// Tear down and wait for the end, at most [`SHUTDOWN_BOUND`]; `None` if it did not
+    /// end by then (see [`Supervisor::finish_shutdown`]).
+    pub fn shutdown(self) -> Option<Ended> {
+        self.begin_shutdown();
+        self.finish_shutdown(Instant::now() + SHUTDOWN_BOUND)
+    }
+
+    /// Ask for the teardown without waiting (several interfaces then stop together).
+    pub fn begin_shutdown(&self) {
         let _ = self.commands.send(Command::Shutdown);
-        self.thread.take().and_then(|t| t.join().ok())
+    }
+
+    /// Wait for the end until `deadline`. `None` if the supervisor had not ended by then
+    /// (a hung poller or destroy): its threads are left behind, logged, and the caller
+    /// goes on (the daemon exits).
+    pub fn finish_shutdown(mut self, deadline: Instant) -> Option<Ended> {
+        match self.ended.recv_deadline(deadline) {
+            Ok(e) => {
+                if let Some(t) = self.thread.take()
+                    && t.join().is_err()
+                {
+                    tracing::error!(iface = %self.name, "supervisor thread panicked");
+                }
+                Some(e)
+            }
+            Err(_) => {
+                tracing::error!(iface = %self.name, "the interface did not stop in time: leaving its threads behind");
+                None
+            }
+        }
     }
 }
 
@@ -310,6 +387,44 @@ struct Shell {
     kept: Option<KeptEndpoint>,
     /// The last poller start: thread and registration, then the carrier.
     last_spawn: (Duration, Duration),
+    /// Since the breaker tripped on a device loss, an open found the device gone.
+    seen_gone: bool,
+    /// The reaper of the live endpoint, if its provider keeps replaced objects.
+    reaper: Option<Arc<dyn Reaper>>,
+    /// Hands reapers to the reaper thread (`None` once it is told to end).
+    reaping: Option<Sender<Arc<dyn Reaper>>>,
+    reaper_thread: Option<JoinHandle<()>>,
+}
+
+/// The reaper thread: destroys the retired objects of every reaper it was given once
+/// they are due; forgets a reaper once its endpoint is gone. Ends when `rx` disconnects.
+fn reap(rx: Receiver<Arc<dyn Reaper>>) {
+    let mut watched: Vec<Arc<dyn Reaper>> = Vec::new();
+    loop {
+        let now = Instant::now();
+        let next = watched.iter().filter_map(|r| r.next_due()).min();
+        let idle = next.map_or(REAP_IDLE, |t| {
+            t.saturating_duration_since(now).min(REAP_IDLE)
+        });
+        match rx.recv_timeout(idle) {
+            Ok(r) => {
+                if !watched
+                    .iter()
+                    .any(|w| std::ptr::addr_eq(Arc::as_ptr(w), Arc::as_ptr(&r)))
+                {
+                    watched.push(r);
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        let now = Instant::now();
+        for r in &watched {
+            r.reap_due(now);
+        }
+        // Only this thread holds it: its endpoint is gone (and destroyed the rest).
+        watched.retain(|r| Arc::strong_count(r) > 1);
+    }
 }
 
 enum Wait {
@@ -342,7 +457,58 @@ impl Shell {
             dead_device_lost: false,
             kept: None,
             last_spawn: (Duration::ZERO, Duration::ZERO),
+            seen_gone: false,
+            reaper: None,
+            reaping: None,
+            reaper_thread: None,
         }
+    }
+
+    /// Give the live endpoint's reaper to the reaper thread (started on first use).
+    fn watch_retired(&mut self, iface: &mut Interface) {
+        self.reaper = iface.endpoint_mut().reaper();
+        let Some(r) = self.reaper.clone() else {
+            return;
+        };
+        if self.reaping.is_none() {
+            let (tx, rx) = unbounded();
+            match std::thread::Builder::new()
+                .name(format!("reap-{}", self.s.name))
+                .spawn(move || reap(rx))
+            {
+                Ok(t) => {
+                    self.reaping = Some(tx);
+                    self.reaper_thread = Some(t);
+                }
+                Err(e) => {
+                    // The endpoint's teardown destroys them all, later than their grace.
+                    tracing::error!(iface = %self.s.name, error = %e, "starting the reaper thread failed: replaced QPs wait for the teardown");
+                    return;
+                }
+            }
+        }
+        if let Some(tx) = &self.reaping {
+            let _ = tx.send(r);
+        }
+    }
+
+    /// A shutdown: destroy the replaced QPs and CQs as they come due, for at most
+    /// [`SHUTDOWN_GRACE_CAP`] (the teardown destroys the rest).
+    fn wait_out_grace(&self) {
+        if let Some(r) = &self.reaper
+            && r.next_due().is_some()
+        {
+            let start = Instant::now();
+            let done = retire::wait_out_grace(r.as_ref(), SHUTDOWN_GRACE_CAP);
+            tracing::info!(iface = %self.s.name, waited_ms = ms(start.elapsed()), all_due = done, "waited for the replaced QPs' grace before the teardown");
+        }
+    }
+
+    /// Tear down at a shutdown: the replaced QPs' grace first, then everything.
+    fn final_teardown(&mut self, iface: Interface) {
+        self.wait_out_grace();
+        let (t, _) = iface.shutdown_into(FLUSH_DEADLINE, &*self.s.tap);
+        self.last_ledger = t.ledger;
     }
 
     fn set_state(&self, state: &str) {
@@ -357,36 +523,31 @@ impl Shell {
         }
     }
 
-    fn start_poller(&mut self, iface: Interface) -> Option<Poller> {
+    /// Start a poller on `iface` (epoch `epoch`) and turn the carrier on. On failure
+    /// the interface comes back.
+    fn start_poller(&mut self, mut iface: Interface, epoch: u16) -> Result<Poller, SpawnFailed> {
         let hw = iface.hw_addr();
-        if let Ok(mut st) = self.s.status.lock() {
-            st.state = "running".into();
-            st.qpn = hw.qpn;
-            st.gid = hw.gid.to_string();
-            st.mtu = iface.mtu() as u32;
-            st.epoch = self.epoch;
-            st.dead_reason = None;
-        }
+        let mtu = iface.mtu() as u32;
+        self.watch_retired(&mut iface);
         self.last_start = Instant::now();
-        match Poller::spawn(
+        let p = Poller::try_spawn(
             self.s.name.clone(),
             iface,
             self.s.tap.clone(),
             self.exits_tx.clone(),
-        ) {
-            Ok(p) => {
-                let spawned = self.last_start.elapsed();
-                self.carrier(true);
-                self.last_spawn = (spawned, self.last_start.elapsed() - spawned);
-                Some(p)
-            }
-            Err(e) => {
-                // The interface went into the failed spawn and was dropped with it (its
-                // Drop destroys the verbs objects); nothing more can run.
-                tracing::error!(iface = %self.s.name, error = %e, "starting a poller failed");
-                None
-            }
+        )?;
+        let spawned = self.last_start.elapsed();
+        if let Ok(mut st) = self.s.status.lock() {
+            st.state = "running".into();
+            st.qpn = hw.qpn;
+            st.gid = hw.gid.to_string();
+            st.mtu = mtu;
+            st.epoch = epoch;
+            st.dead_reason = None;
         }
+        self.carrier(true);
+        self.last_spawn = (spawned, self.last_start.elapsed() - spawned);
+        Ok(p)
     }
 
     /// Wait up to `d` for a command.
@@ -399,7 +560,15 @@ impl Shell {
         }
     }
 
-    fn ended(&self) -> Ended {
+    fn ended(&mut self) -> Ended {
+        // The reaper thread ends once told (after a destroy in progress, if any).
+        self.reaper = None;
+        self.reaping = None;
+        if let Some(t) = self.reaper_thread.take()
+            && t.join().is_err()
+        {
+            tracing::error!(iface = %self.s.name, "reaper thread panicked");
+        }
         self.set_state("stopped");
         Ended {
             name: self.s.name.clone(),
@@ -409,12 +578,23 @@ impl Shell {
     }
 
     fn run(mut self, first: Interface) -> Ended {
-        let mut poller = self.start_poller(first);
+        let mut poller = match self.start_poller(first, self.epoch) {
+            Ok(p) => Some(p),
+            Err(f) => {
+                tracing::error!(iface = %self.s.name, error = %f.error, "starting the first poller failed: restarting");
+                let cause = Failure::PollerStart(f.error.to_string());
+                match self.restart(Some(*f.iface), cause, Instant::now()) {
+                    Restarted::Running(p) => Some(p),
+                    Restarted::Dead => None,
+                    Restarted::Shutdown => return self.ended(),
+                }
+            }
+        };
         let mut shutting_down = false;
         loop {
             let Some(p) = poller.take() else {
-                // No poller: the interface is dead (or failed to start). Wait for an
-                // operator restart or a shutdown.
+                // No poller: the interface is dead. Wait for an operator restart, the
+                // device's return, or a shutdown.
                 match self.revive() {
                     Some(p) => {
                         poller = Some(p);
@@ -442,39 +622,55 @@ impl Shell {
                 p.join();
                 return self.ended();
             };
-            match exit {
+            let (iface, cause, at) = match exit {
                 Exit::Stopped { iface, .. } => {
                     p.join();
-                    let (t, _) = iface.shutdown_into(FLUSH_DEADLINE, &*self.s.tap);
-                    self.last_ledger = t.ledger;
+                    self.final_teardown(*iface);
                     return self.ended();
                 }
                 Exit::Failed {
                     iface, cause, at, ..
-                } => {
-                    if shutting_down {
-                        p.join();
-                        let (t, _) = iface.shutdown_into(FLUSH_DEADLINE, &*self.s.tap);
-                        self.last_ledger = t.ledger;
-                        return self.ended();
-                    }
-                    // The old poller has handed the interface over; all its thread has
-                    // left to do is end. Join it once the new epoch runs: its exit is
-                    // not on the restart's path (seen in the lab: 1-10 ms under TCG).
-                    let restarted = self.restart(*iface, cause, at);
-                    p.join();
-                    match restarted {
-                        Restarted::Running(p) => poller = Some(p),
-                        Restarted::Dead => poller = None,
-                        Restarted::Shutdown => return self.ended(),
-                    }
+                } => (Some(*iface), cause, at),
+                Exit::Panicked { message, at, .. } => (None, Failure::PollerPanicked(message), at),
+            };
+            if shutting_down {
+                p.join();
+                match iface {
+                    Some(iface) => self.final_teardown(iface),
+                    None => self.last_ledger = Err(self.lost_ledger()),
                 }
+                return self.ended();
+            }
+            // The old poller has handed the interface over (or lost it); all its thread
+            // has left to do is end. Join it once the new epoch runs: its exit is not on
+            // the restart's path (seen in the lab: 1-10 ms under TCG).
+            let restarted = self.restart(iface, cause, at);
+            p.join();
+            match restarted {
+                Restarted::Running(p) => poller = Some(p),
+                Restarted::Dead => poller = None,
+                Restarted::Shutdown => return self.ended(),
             }
         }
     }
 
-    /// Tear down a failed interface and bring up a new epoch.
-    fn restart(&mut self, iface: Interface, cause: Failure, detected: Instant) -> Restarted {
+    /// The ledger verdict of an epoch whose interface was lost with its poller.
+    fn lost_ledger(&self) -> String {
+        format!(
+            "epoch {}'s interface was lost in a poller panic: its work requests cannot be \
+             accounted for",
+            self.epoch
+        )
+    }
+
+    /// Tear down a failed interface (`None`: it was lost with its poller) and bring up a
+    /// new epoch.
+    fn restart(
+        &mut self,
+        iface: Option<Interface>,
+        cause: Failure,
+        detected: Instant,
+    ) -> Restarted {
         let detected_unix_ms = unix_ms();
         let handoff = detected.elapsed();
         tracing::warn!(iface = %self.s.name, cause = cause.kind(), detail = %cause, epoch = self.epoch, "restarting the interface");
@@ -487,16 +683,38 @@ impl Shell {
         // until the endpoint is closed: tear down at once, reaping everything.
         // Anything else keeps the device context, PD, registered memory and channel, and
         // replaces only the QP and CQs (the kernel's IPoIB does the same).
-        let t = if cause.device_lost() {
-            let (t, neigh) = iface.shutdown(Duration::ZERO);
-            self.neigh = Some(neigh);
-            t
-        } else {
-            let (t, neigh, kept) = iface.recycle(FLUSH_DEADLINE, &*self.s.tap);
-            self.neigh = Some(neigh);
-            self.kept = kept;
-            t
+        let t = match iface {
+            None => {
+                // Lost in a panic: its endpoint was dropped by the unwind, and its
+                // neighbour table with it. Nothing to drain or reap; nothing balanced.
+                self.neigh = None;
+                self.kept = None;
+                self.reaper = None;
+                Teardown {
+                    reaped: 0,
+                    sends_reaped: 0,
+                    flushed: 0,
+                    drain: Duration::ZERO,
+                    destroy: Duration::ZERO,
+                    errors: 0,
+                    ledger: Err(self.lost_ledger()),
+                    kept: false,
+                    renew: Duration::ZERO,
+                }
+            }
+            Some(iface) if cause.device_lost() => {
+                let (t, neigh) = iface.shutdown(Duration::ZERO);
+                self.neigh = Some(neigh);
+                t
+            }
+            Some(iface) => {
+                let (t, neigh, kept) = iface.recycle(FLUSH_DEADLINE, &*self.s.tap);
+                self.neigh = Some(neigh);
+                self.kept = kept;
+                t
+            }
         };
+        let lost = matches!(cause, Failure::PollerPanicked(_));
         match &t.ledger {
             Ok(()) => {}
             Err(e) => {
@@ -533,6 +751,7 @@ impl Shell {
                 renew_ms: ms(t.renew),
                 ..Phases::default()
             },
+            ledger_lost: lost,
         };
         if self.breaker.record(Instant::now()) {
             // Dead: nothing of the device is held until it is revived.
@@ -552,6 +771,7 @@ impl Shell {
                 st.dead_reason = Some(why);
             }
             self.dead_device_lost = cause.device_lost();
+            self.seen_gone = false;
             return Restarted::Dead;
         }
         match self.rebuild(&mut record, detected) {
@@ -600,13 +820,14 @@ impl Shell {
     }
 
     /// Put a freshly opened epoch to work: adapt the TAP if the device came back with
-    /// another GID or MTU, start the poller with the carrier on, record the restart.
+    /// another GID or MTU, start the poller with the carrier on, record the restart. If
+    /// the poller cannot start, the interface comes back.
     fn go_live(
         &mut self,
         iface: Interface,
         record: &mut RestartRecord,
         detected: Instant,
-    ) -> Option<Poller> {
+    ) -> Result<Poller, SpawnFailed> {
         let old = self.s.status.lock().ok().map(|s| (s.gid.clone(), s.mtu));
         if let Some((gid, mtu)) = &old
             && (*gid != iface.hw_addr().gid.to_string() || *mtu != iface.mtu() as u32)
@@ -616,10 +837,10 @@ impl Shell {
                 tracing::error!(iface = %self.s.name, error = %e, "reconfiguring the TAP failed");
             }
         }
-        self.epoch = self.epoch.wrapping_add(1).max(1);
-        let epoch = self.epoch;
+        let epoch = self.epoch.wrapping_add(1).max(1);
         let live = Instant::now();
-        let p = self.start_poller(iface)?;
+        let p = self.start_poller(iface, epoch)?;
+        self.epoch = epoch;
         record.recovery_ms = ms(detected.elapsed());
         record.epoch = epoch;
         record.phases.start_ms = ms(live.elapsed());
@@ -636,11 +857,30 @@ impl Shell {
             ledger_balanced = record.ledger_balanced, phases = ?record.phases,
             "interface running again"
         );
-        Some(p)
+        Ok(p)
     }
 
-    /// Open a new epoch, waiting (with backoff) for the device if it is gone. `None` if
-    /// a shutdown came first.
+    /// A poller could not be started on a rebuilt interface: tear it down (keeping the
+    /// device where it can), count a failed attempt; the caller backs off and retries.
+    fn start_failed(&mut self, f: SpawnFailed, record: &mut RestartRecord) {
+        record.failed_attempts += 1;
+        self.set_state("restarting");
+        tracing::warn!(iface = %self.s.name, error = %f.error, attempts = record.failed_attempts, "starting the poller failed; will retry");
+        let (t, neigh, kept) = f.iface.recycle(FLUSH_DEADLINE, &*self.s.tap);
+        self.neigh = Some(neigh);
+        self.kept = kept;
+        if let Err(e) = &t.ledger {
+            tracing::error!(iface = %self.s.name, error = %e, "ledger does not balance after the reap");
+        }
+        record.wr_reaped += t.reaped;
+        record.sends_reaped += t.sends_reaped;
+        record.flushed += t.flushed;
+        record.ledger_balanced &= t.ledger.is_ok();
+        self.last_ledger = t.ledger;
+    }
+
+    /// Open a new epoch, waiting (with backoff) for the device if it is gone, and start
+    /// its poller. `None` if a shutdown came first.
     fn rebuild(&mut self, record: &mut RestartRecord, detected: Instant) -> Option<Poller> {
         loop {
             let delay = self.backoff.next_delay();
@@ -666,7 +906,10 @@ impl Shell {
                     p.attach_ms = ms(o.attach);
                     p.fill_ms = ms(o.fill);
                     record.kept_device = kept && o.open.is_zero();
-                    return self.go_live(iface, record, detected);
+                    match self.go_live(iface, record, detected) {
+                        Ok(p) => return Some(p),
+                        Err(f) => self.start_failed(f, record),
+                    }
                 }
                 Err(e) => {
                     record.failed_attempts += 1;
@@ -685,7 +928,7 @@ impl Shell {
     }
 
     /// A dead interface: wait for `uipoib restart` (or, when the device was lost, for it
-    /// to return); then rebuild. `None` on shutdown.
+    /// to go and return); then rebuild. `None` on shutdown.
     fn revive(&mut self) -> Option<Poller> {
         loop {
             let w = if self.dead_device_lost {
@@ -708,16 +951,41 @@ impl Shell {
             match w {
                 Wait::Shutdown => return None,
                 Wait::Elapsed => {
-                    // The device was lost: has it come back?
-                    let Ok(iface) = self.open_epoch() else {
-                        continue;
+                    // The device was lost: has it gone and come back?
+                    let iface = match self.open_epoch() {
+                        Ok(iface) => iface,
+                        Err(e) => {
+                            if matches!(e, OpenError::Verbs(VerbsError::NoDevice(_))) {
+                                self.seen_gone = true;
+                            }
+                            continue;
+                        }
                     };
+                    if !self.seen_gone {
+                        // Still there: a device that keeps failing without going away
+                        // stays dead (the breaker holds) until an operator restart.
+                        let (t, neigh) = iface.shutdown(Duration::ZERO);
+                        self.neigh = Some(neigh);
+                        if t.ledger.is_err() {
+                            tracing::error!(iface = %self.s.name, "ledger of a probe open does not balance");
+                        }
+                        continue;
+                    }
                     tracing::info!(iface = %self.s.name, "the device returned: reviving the dead interface");
                     self.revived();
                     record.detail = "the device returned after the circuit breaker tripped".into();
-                    let p = self.go_live(iface, &mut record, start)?;
-                    self.push_record(record);
-                    return Some(p);
+                    match self.go_live(iface, &mut record, start) {
+                        Ok(p) => {
+                            self.push_record(record);
+                            return Some(p);
+                        }
+                        Err(f) => {
+                            self.start_failed(f, &mut record);
+                            let p = self.rebuild(&mut record, start)?;
+                            self.push_record(record);
+                            return Some(p);
+                        }
+                    }
                 }
                 Wait::Restart => {
                     tracing::info!(iface = %self.s.name, "operator restart: reviving the dead interface");
@@ -735,6 +1003,7 @@ impl Shell {
         self.breaker.reset();
         self.backoff.reset();
         self.dead_device_lost = false;
+        self.seen_gone = false;
     }
 }
 

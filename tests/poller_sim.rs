@@ -113,6 +113,7 @@ fn traffic_flows_then_a_failed_poll_hands_the_interface_over() {
             t.ledger.expect("ledger balances after teardown");
         }
         Exit::Stopped { .. } => panic!("expected a failure"),
+        Exit::Panicked { message, .. } => panic!("A's poller panicked: {message}"),
     }
     pa.join();
     pb.stop();
@@ -125,6 +126,7 @@ fn traffic_flows_then_a_failed_poll_hands_the_interface_over() {
             iface.shutdown(FLUSH_DEADLINE).0.ledger.unwrap();
         }
         Exit::Failed { cause, .. } => panic!("B failed: {cause}"),
+        Exit::Panicked { message, .. } => panic!("B's poller panicked: {message}"),
     }
     pb.join();
     assert_eq!(sim.live_qps(), 0, "every QP destroyed");

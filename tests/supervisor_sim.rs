@@ -2,18 +2,252 @@
 //! recovered interface with traffic flowing both ways and a balanced ledger (a device loss
 //! reopens everything, any other cause keeps the endpoint and renews its QP); a peer
 //! follows a restart without operator action; the circuit breaker trips and an operator
-//! revives; thousands of restarts leak nothing.
+//! revives; thousands of restarts leak nothing. And the hardening: events for objects
+//! that are not live, GID changes, a panicking, hung or unstartable poller, a device that
+//! keeps failing without going away, and where and when replaced QPs are destroyed.
 
 mod common;
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::ipv4_frame;
-use common::sup::{A_IP, B_IP, flows, pair};
+use common::sup::{A_IP, B_IP, Side, flows, introduce, pair, side};
 use uipoib::config::RestartPolicy;
 use uipoib::stats;
 use uipoib::verbs::AsyncEvent;
+use uipoib::verbs::fault::{FaultSwitch, FaultyProvider};
+use uipoib::verbs::sim::SimFabric;
+
+/// Like [`pair`], on a fabric whose renewals keep the replaced QP for `grace`.
+fn pair_with_grace(
+    policy: RestartPolicy,
+    grace: Duration,
+) -> (Arc<SimFabric>, Arc<FaultSwitch>, Side, Side) {
+    let sim = Arc::new(common::fabric(4096));
+    sim.set_retire_grace(grace);
+    let faulty = FaultyProvider::new(sim.clone());
+    let switch = faulty.switch();
+    let a = side(Arc::new(faulty), "sim0", "198.18.2.1/24", policy);
+    let b = side(sim.clone(), "sim1", "198.18.2.2/24", policy);
+    a.wait_state("running", 0);
+    b.wait_state("running", 0);
+    introduce(&a, &b);
+    flows(&a, A_IP, &b, B_IP, 0);
+    (sim, switch, a, b)
+}
+
+/// Make A's poller poll (B sends it a frame).
+fn poke(a: &Side, b: &Side) {
+    b.tap
+        .inject(&ipv4_frame(a.mac, b.mac, B_IP, A_IP, &[9; 20]));
+}
+
+/// The status stays in `state` with `restarts` restarts for `d`.
+fn stays(side: &Side, state: &str, restarts: u64, d: Duration) {
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        let s = side.status();
+        assert!(
+            s.state == state && s.restarts == restarts,
+            "expected to stay {state}/{restarts}: {s:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn an_event_for_a_retired_or_spare_object_is_counted_not_a_restart() {
+    let (_sim, switch, a, b) = pair(RestartPolicy::default());
+    a.sup().restart();
+    a.wait_state("running", 1);
+    // A QP_FATAL (1) and a CQ_ERR (0) for objects that are not the live ones.
+    switch.inject_async(AsyncEvent::NotLive(1));
+    switch.inject_async(AsyncEvent::NotLive(0));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while stats::get(&a.stats.async_not_live) < 2 {
+        assert!(Instant::now() < deadline, "the events were not counted");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    stays(&a, "running", 1, Duration::from_millis(200));
+    flows(&a, A_IP, &b, B_IP, 1);
+    // The live QP's own fatal event still restarts.
+    switch.inject_async(AsyncEvent::QpFatal);
+    let s = a.wait_state("running", 2);
+    assert_eq!(s.history.last().unwrap().cause, "async-fatal");
+    a.end();
+    b.end();
+}
+
+#[test]
+fn a_gid_change_restarts_only_when_our_gid_changed() {
+    let (sim, switch, a, b) = pair(RestartPolicy::default());
+    let before = a.status();
+    // Another GID of the table changed (ours did not): nothing happens.
+    switch.inject_async(AsyncEvent::GidChange);
+    stays(&a, "running", 0, Duration::from_millis(300));
+    assert_eq!(a.status().qpn, before.qpn);
+    // Ours changed: a restart, on a reopened device with the new GID.
+    let opens = switch.opens();
+    sim.reconfigure_device("sim0", std::net::Ipv4Addr::new(198, 18, 0, 9), 4096)
+        .unwrap();
+    switch.inject_async(AsyncEvent::GidChange);
+    let s = a.wait_state("running", 1);
+    let r = s.history.last().unwrap();
+    assert_eq!(r.cause, "gid-changed", "{r:?}");
+    assert!(r.detail.contains("::ffff:198.18.0.9"), "{r:?}");
+    assert!(!r.kept_device && r.ledger_balanced, "{r:?}");
+    assert_eq!(switch.opens(), opens + 1);
+    assert_eq!(s.gid, "::ffff:198.18.0.9");
+    a.end();
+    b.end();
+}
+
+#[test]
+fn a_panicking_poller_is_a_restart_from_scratch_with_the_ledger_lost() {
+    let (_sim, switch, a, b) = pair(RestartPolicy::default());
+    let (opens, renewals) = (switch.opens(), switch.renewals());
+    switch.panic_next_poll();
+    poke(&a, &b);
+    let s = a.wait_state("running", 1);
+    let r = s.history.last().unwrap();
+    assert_eq!(r.cause, "poller-panicked", "{r:?}");
+    assert!(r.detail.contains("injected panic"), "{r:?}");
+    // The interface went with the panic: nothing to reap, nothing to vouch for.
+    assert!(
+        r.ledger_lost && !r.ledger_balanced && !r.kept_device,
+        "{r:?}"
+    );
+    assert_eq!(
+        (switch.opens() - opens, switch.renewals() - renewals),
+        (1, 0),
+        "opened from scratch"
+    );
+    assert!(a.tap.carrier.load(Ordering::SeqCst));
+    // Its neighbour table went too: A learns B again from ARP (a kernel behind the TAP
+    // answers the re-resolution; here the test does).
+    introduce(&a, &b);
+    flows(&a, A_IP, &b, B_IP, 1);
+    flows(&b, B_IP, &a, A_IP, 2);
+    a.end();
+    b.end();
+}
+
+#[test]
+fn a_shutdown_ends_within_its_bound_when_the_poller_hangs() {
+    let (_sim, switch, mut a, b) = pair(RestartPolicy::default());
+    switch.hang_polls(true);
+    poke(&a, &b);
+    // Let the poller get stuck in its poll.
+    std::thread::sleep(Duration::from_millis(100));
+    let sup = a.sup.take().unwrap();
+    let start = Instant::now();
+    sup.begin_shutdown();
+    let ended = sup.finish_shutdown(start + Duration::from_millis(300));
+    let took = start.elapsed();
+    assert!(ended.is_none(), "a hung poller cannot have stopped");
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    // Its threads are left behind; let them go.
+    switch.hang_polls(false);
+    b.end();
+}
+
+#[test]
+fn a_failed_poller_start_is_a_failed_attempt_not_a_shutdown() {
+    let (_sim, switch, a, b) = pair(RestartPolicy {
+        backoff_initial: Duration::from_millis(5),
+        backoff_max: Duration::from_millis(20),
+        ..RestartPolicy::default()
+    });
+    switch.fail_registers(2);
+    a.sup().restart();
+    let s = a.wait_state("running", 1);
+    let r = s.history.last().unwrap();
+    assert_eq!(r.cause, "operator", "{r:?}");
+    assert_eq!(r.failed_attempts, 2, "{r:?}");
+    assert!(r.ledger_balanced, "{r:?}");
+    assert!(a.tap.carrier.load(Ordering::SeqCst));
+    flows(&a, A_IP, &b, B_IP, 1);
+    flows(&b, B_IP, &a, A_IP, 2);
+    a.end();
+    b.end();
+}
+
+#[test]
+fn a_device_that_keeps_failing_without_going_away_stays_dead() {
+    let (_sim, switch, a, b) = pair(RestartPolicy {
+        max_restarts: 2,
+        window: Duration::from_secs(60),
+        backoff_initial: Duration::from_millis(1),
+        backoff_max: Duration::from_millis(20),
+    });
+    for i in 1..=2 {
+        switch.inject_async(AsyncEvent::DeviceFatal);
+        a.wait_state("running", i);
+    }
+    switch.inject_async(AsyncEvent::DeviceFatal);
+    a.wait_state("dead", 2);
+    // The device is still there and opens: it is not "back", the breaker holds.
+    stays(&a, "dead", 2, Duration::from_millis(400));
+    assert!(!a.tap.carrier.load(Ordering::SeqCst));
+    // Gone and back: revived.
+    switch.hide_device(true);
+    std::thread::sleep(Duration::from_millis(100));
+    switch.hide_device(false);
+    let s = a.wait_state("running", 3);
+    assert_eq!(s.history.last().unwrap().cause, "revived");
+    flows(&a, A_IP, &b, B_IP, 1);
+    a.end();
+    b.end();
+}
+
+#[test]
+fn replaced_qps_are_destroyed_after_their_grace_and_never_on_the_poller_thread() {
+    let grace = Duration::from_millis(150);
+    let (sim, _switch, a, b) = pair_with_grace(RestartPolicy::default(), grace);
+    let mut replaced = Vec::new();
+    for i in 1..=3 {
+        replaced.push(a.status().qpn);
+        a.sup().restart();
+        a.wait_state("running", i);
+        // Let the poller run its housekeeping (once a second) in between.
+        std::thread::sleep(Duration::from_millis(1100));
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sim.destroyed().len() < replaced.len() {
+        assert!(Instant::now() < deadline, "{:?}", sim.destroyed());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let destroyed = sim.destroyed();
+    assert_eq!(
+        destroyed.iter().map(|d| d.qpn).collect::<Vec<_>>(),
+        replaced
+    );
+    for d in &destroyed {
+        assert_eq!(d.thread.as_deref(), Some("reap-sim0"), "{d:?}");
+        assert!(d.after >= grace, "{d:?}");
+    }
+    a.end();
+    b.end();
+}
+
+#[test]
+fn a_shutdown_waits_out_the_replaced_qps_grace() {
+    let grace = Duration::from_millis(600);
+    let (sim, _switch, a, b) = pair_with_grace(RestartPolicy::default(), grace);
+    let replaced = a.status().qpn;
+    a.sup().restart();
+    a.wait_state("running", 1);
+    let start = Instant::now();
+    a.end();
+    let d = sim.destroyed();
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert_eq!(d[0].qpn, replaced);
+    assert!(d[0].after >= grace, "destroyed before its grace: {d:?}");
+    assert!(start.elapsed() < Duration::from_secs(5));
+    b.end();
+}
 
 #[test]
 fn every_cause_recovers_with_traffic_and_a_balanced_ledger() {

@@ -25,7 +25,10 @@
 //!   completions (they stay in the device's CQ) until cleared or destroyed.
 //!
 //! Besides: `hide_device` makes `open` fail with [`VerbsError::NoDevice`], as after a
-//! device removal. Every hit is recorded ([`FaultSwitch::injections`]), in order, so a
+//! device removal; for the supervisor's tests, `panic_next_poll` makes the next `poll_cq`
+//! panic (a bug in the poller thread), `hang_polls` makes `poll_cq` block until cleared
+//! (a hung poller), and `fail_registers` makes the next registrations with a poll set
+//! fail (a poller that cannot start). Every hit is recorded ([`FaultSwitch::injections`]), in order, so a
 //! seeded run can be compared with another.
 //!
 //! Cost when nothing is armed: one relaxed atomic load per verb call on the datapath
@@ -63,9 +66,12 @@ const fn bit(k: FaultKind) -> u32 {
 /// Mask bit: some live endpoint has stalled sends.
 const STALLED: u32 = 1 << 31;
 
+/// Mask bit: `panic_next_poll` or `hang_polls` is set.
+const KNOBS: u32 = 1 << 30;
+
 /// Mask bit: the next `post_send` posts its chain and then reports a `bad_wr` outside it
 /// ([`FaultSwitch::bad_wr_once`]).
-const BAD_WR: u32 = 1 << 30;
+const BAD_WR: u32 = 1 << 29;
 
 /// Bits that make `poll_cq` take the slow path.
 const POLL_HOOKS: u32 = bit(FaultKind::PollError)
@@ -166,6 +172,9 @@ pub struct FaultSwitch {
     async_events: Mutex<VecDeque<AsyncEvent>>,
     endpoints: Mutex<Vec<Arc<EpShared>>>,
     next_id: AtomicU64,
+    panic_poll: AtomicBool,
+    hang_polls: AtomicBool,
+    fail_registers: AtomicU64,
 }
 
 impl std::fmt::Debug for FaultSwitch {
@@ -289,6 +298,9 @@ impl FaultSwitch {
             self.mask.store(0, Ordering::Relaxed);
         }
         self.hidden.store(false, Ordering::SeqCst);
+        self.panic_poll.store(false, Ordering::SeqCst);
+        self.hang_polls.store(false, Ordering::SeqCst);
+        self.fail_registers.store(0, Ordering::SeqCst);
         lock(&self.async_events).clear();
     }
 
@@ -312,6 +324,35 @@ impl FaultSwitch {
         // Count first, then wake: whoever is woken finds the count.
         ep.spurious.fetch_add(1, Ordering::SeqCst);
         poke(&ep.cq_waker);
+    }
+
+    /// Make the next `poll_cq` (of any endpoint) panic.
+    pub fn panic_next_poll(&self) {
+        self.panic_poll.store(true, Ordering::SeqCst);
+        self.mask.fetch_or(KNOBS, Ordering::SeqCst);
+    }
+
+    /// Make every `poll_cq` block (`true`) until called with `false`.
+    pub fn hang_polls(&self, hang: bool) {
+        self.hang_polls.store(hang, Ordering::SeqCst);
+        if hang {
+            self.mask.fetch_or(KNOBS, Ordering::SeqCst);
+        }
+    }
+
+    /// `poll_cq` with [`KNOBS`] set: panic or hang as asked.
+    fn poll_knobs(&self) {
+        if self.panic_poll.swap(false, Ordering::SeqCst) {
+            panic!("injected panic in poll_cq");
+        }
+        while self.hang_polls.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    /// Make the next `n` [`Endpoint::register`] calls fail.
+    pub fn fail_registers(&self, n: u64) {
+        self.fail_registers.store(n, Ordering::SeqCst);
     }
 
     /// Make `open` fail with `NoDevice` (`true`) or work again (`false`).
@@ -754,12 +795,15 @@ impl Endpoint for FaultyEndpoint {
                 .polls_after_failure
                 .fetch_add(1, Ordering::SeqCst);
         }
+        let mask = self.switch.mask.load(Ordering::Relaxed);
+        if mask & KNOBS != 0 {
+            self.switch.poll_knobs();
+        }
         if cq == CqKind::Recv && !self.corrupted.is_empty() {
             // The datapath has read the corrupted copies by now (they are valid from
             // the poll that returned them to the next receive poll).
             self.spare.extend(self.corrupted.drain(..).map(|(_, b)| b));
         }
-        let mask = self.switch.mask.load(Ordering::Relaxed);
         if mask & POLL_HOOKS == 0 {
             return self.inner.poll_cq(cq, out);
         }
@@ -774,6 +818,14 @@ impl Endpoint for FaultyEndpoint {
         cq_token: mio::Token,
         async_token: mio::Token,
     ) -> io::Result<()> {
+        if self
+            .switch
+            .fail_registers
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(io::Error::other("injected registration failure"));
+        }
         self.inner.register(registry, cq_token, async_token)?;
         // Two sources of our own beside the device's: one under the completion-channel
         // token (spurious events) and one under the async token (injected events).
@@ -860,6 +912,14 @@ impl Endpoint for FaultyEndpoint {
     }
     fn maintain(&mut self) -> Result<(), VerbsError> {
         self.inner.maintain()
+    }
+
+    fn reaper(&self) -> Option<Arc<dyn super::retire::Reaper>> {
+        self.inner.reaper()
+    }
+
+    fn gid_now(&mut self) -> Result<Option<(Gid, u8)>, VerbsError> {
+        self.inner.gid_now()
     }
     /// Refused while the device is hidden or after this endpoint delivered a device loss;
     /// else the inner endpoint renews, and this endpoint's per-QP fault state (a failed

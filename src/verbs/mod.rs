@@ -31,6 +31,7 @@ pub mod sim;
 use std::fmt;
 use std::io;
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 
 /// Size of the Global Routing Header that precedes every UD receive.
 pub const GRH_LEN: usize = 40;
@@ -211,6 +212,14 @@ pub enum AsyncEvent {
     PortUp,
     /// The device was removed (rdma_cm `DEVICE_REMOVAL`).
     DeviceRemoved,
+    /// An event (the `ibv_event_type` value) for a QP or CQ of this endpoint that is not
+    /// the live one: one a renewal retired (kept for its grace, see [`retire`]) or a spare
+    /// made ahead by [`Endpoint::maintain`]. It says nothing about the live QP: logged and
+    /// counted, never a restart.
+    NotLive(u32),
+    /// The port's GID table changed (`IBV_EVENT_GID_CHANGE`): whether our GID did is for
+    /// [`Endpoint::gid_now`] to say.
+    GidChange,
     /// Anything else, logged with no action: an `ibv_event_type` value, or for rdma_cm
     /// events `0x100 +` the `rdma_cm_event_type` (see `rdma::CM_EVENT_OTHER_BASE`).
     Other(u32),
@@ -278,6 +287,20 @@ pub enum VerbsError {
         port: u8,
         /// What is wrong.
         why: String,
+    },
+    /// The port's link layer is not Ethernet (RoCE). InfiniBand needs LID routing and
+    /// path records from the subnet administrator, which are not implemented.
+    #[error(
+        "device {device} port {port} has an {link_layer} link layer; uipoib supports only \
+         Ethernet (RoCE) link layers for now"
+    )]
+    UnsupportedLinkLayer {
+        /// Device name.
+        device: String,
+        /// Port number.
+        port: u8,
+        /// The link layer found (`InfiniBand`, or `unknown (n)`).
+        link_layer: String,
     },
     /// No usable GID at the requested (or any) index.
     #[error("device {device} port {port}: no usable GID ({why})")]
@@ -477,16 +500,32 @@ pub trait Endpoint: Send {
     fn renew_destroying_old(&mut self) -> Result<(), VerbsError>;
 
     /// Housekeeping between restarts, off their critical path (the datapath calls it
-    /// from its periodic housekeeping): destroy the QPs and CQs that [`Endpoint::renew`]
-    /// replaced, if the provider kept them aside and they are due (the real provider
-    /// keeps each for a grace period: see [`retire`]), and prepare the QP
-    /// and CQs the next `renew` will use, if it makes them ahead. The real provider does
-    /// both: creating and destroying a 4096-entry CQ and its QP costs milliseconds under
-    /// emulation. A retired QP is in the error state, in no group and never polled; a
-    /// spare one is in RTS with nothing posted and its CQs unarmed. Cheap when there is
+    /// from its periodic housekeeping, on the poller thread): prepare the QP and CQs the
+    /// next `renew` will use, if the provider makes them ahead (the real provider does:
+    /// creating a 4096-entry CQ and its QP costs milliseconds under emulation). A spare
+    /// QP is in RTS with nothing posted and its CQs unarmed. It destroys nothing: what
+    /// [`Endpoint::renew`] replaced is destroyed through [`Endpoint::reaper`], on another
+    /// thread (a destroy can block for a second, see [`retire`]). Cheap when there is
     /// nothing to do; a failure is logged and counted by the provider. Dropping the
-    /// endpoint destroys both.
+    /// endpoint destroys the spare.
     fn maintain(&mut self) -> Result<(), VerbsError> {
         Ok(())
+    }
+
+    /// The QPs and CQs that [`Endpoint::renew`] replaced, if the provider keeps them for
+    /// a grace period before destroying them (see [`retire`]): a handle for another
+    /// thread to destroy them once due. The same handle for the endpoint's whole life;
+    /// after the endpoint is dropped it destroys nothing. `None` (the default) when
+    /// replaced objects are destroyed at once.
+    fn reaper(&self) -> Option<Arc<dyn retire::Reaper>> {
+        None
+    }
+
+    /// The GID (and its index) this endpoint would choose now, read again from the
+    /// port's GID table (after [`AsyncEvent::GidChange`]); `None` when no usable GID is
+    /// left. If it is not `attrs().gid` at `attrs().gid_index`, the endpoint must be
+    /// reopened. The default says nothing changed.
+    fn gid_now(&mut self) -> Result<Option<(Gid, u8)>, VerbsError> {
+        Ok(Some((self.attrs().gid, self.attrs().gid_index)))
     }
 }

@@ -17,9 +17,20 @@
 //! most [`RETIRED_CAP`] wait; a further retirement makes the oldest due at once (a
 //! restart storm does not pile up queues without bound: each retired QP and its CQs hold
 //! about a megabyte of kernel memory at the default ring sizes).
+//!
+//! A destroy can block (1.2 s measured, above), so it never runs on the poller thread: an
+//! endpoint keeps its retired objects in a [`RetireQueue`], which it hands out as a
+//! [`Reaper`] (see [`crate::verbs::Endpoint::reaper`]); the supervisor's reaper thread
+//! destroys what is due. The endpoint's own teardown destroys what is left, after any
+//! destroy in progress on the reaper thread (so nothing outlives the context and PD it
+//! depends on). A shutdown waits out the remaining grace first, bounded
+//! ([`wait_out_grace`]); a device loss cannot wait.
 
 use std::collections::VecDeque;
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Duration, Instant};
+
+use super::VerbsError;
 
 /// How long a retired QP waits before it is destroyed (see the module docs).
 pub const RETIRE_GRACE: Duration = Duration::from_secs(10);
@@ -69,6 +80,22 @@ impl<T> Retirement<T> {
         self.items.pop_front().map(|(_, t)| t)
     }
 
+    /// When the oldest item is due: `grace` after its retirement, or its retirement time
+    /// (that is, now) when more than the cap wait. `None` when none waits.
+    pub fn next_due(&self) -> Option<Instant> {
+        let (at, _) = self.items.front()?;
+        if self.items.len() > self.cap {
+            Some(*at)
+        } else {
+            Some(*at + self.grace)
+        }
+    }
+
+    /// Whether any waiting item satisfies `f`.
+    pub fn any(&self, f: impl Fn(&T) -> bool) -> bool {
+        self.items.iter().any(|(_, t)| f(t))
+    }
+
     /// How many wait.
     pub fn len(&self) -> usize {
         self.items.len()
@@ -80,9 +107,219 @@ impl<T> Retirement<T> {
     }
 }
 
+/// A retired object: destroying it may block.
+pub trait Destroy: Send {
+    /// Destroy it. A failure is logged and counted by the provider, and returned.
+    fn destroy(self) -> Result<(), VerbsError>;
+}
+
+/// Destroys, on whatever thread calls it, what an endpoint's renewals retired, once due.
+pub trait Reaper: Send + Sync {
+    /// Destroy every retired object that is due at `now`; how many were destroyed
+    /// (failures included: they are logged and counted by the provider).
+    fn reap_due(&self, now: Instant) -> usize;
+
+    /// When the next retired object is due; `None` when none waits or the endpoint is
+    /// closed.
+    fn next_due(&self) -> Option<Instant>;
+}
+
+/// Retired objects shared between their endpoint (which retires them and, at its
+/// teardown, destroys what is left) and a [`Reaper`] on another thread.
+///
+/// Locks: `list` only for moments (never across a destroy), so a renewal that retires
+/// never waits for a destroy; `open` is read-held by the reaper across each destroy and
+/// write-held by [`RetireQueue::close`], so the endpoint's teardown waits for a destroy
+/// in progress and nothing is destroyed after it.
+#[derive(Debug)]
+pub struct RetireQueue<T> {
+    open: RwLock<bool>,
+    list: Mutex<Retirement<T>>,
+}
+
+impl<T: Destroy> RetireQueue<T> {
+    /// An empty queue (see [`Retirement::new`]).
+    pub fn new(grace: Duration, cap: usize) -> Self {
+        RetireQueue {
+            open: RwLock::new(true),
+            list: Mutex::new(Retirement::new(grace, cap)),
+        }
+    }
+
+    fn list(&self) -> MutexGuard<'_, Retirement<T>> {
+        self.list.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keep `item`, retired at `now`; after [`RetireQueue::close`] it is destroyed at once.
+    pub fn retire(&self, now: Instant, item: T) -> Result<(), VerbsError> {
+        let open = self.open.read().unwrap_or_else(PoisonError::into_inner);
+        if *open {
+            self.list().retire(now, item);
+            Ok(())
+        } else {
+            drop(open);
+            item.destroy()
+        }
+    }
+
+    /// Whether a waiting item satisfies `f` (for matching an event to its object).
+    pub fn any(&self, f: impl Fn(&T) -> bool) -> bool {
+        self.list().any(f)
+    }
+
+    /// How many wait.
+    pub fn len(&self) -> usize {
+        self.list().len()
+    }
+
+    /// Whether none wait.
+    pub fn is_empty(&self) -> bool {
+        self.list().is_empty()
+    }
+
+    /// Destroy everything that waits, due or not, after any destroy in progress; from now
+    /// on nothing is reaped and a retirement destroys at once. The first failure is
+    /// returned.
+    pub fn close(&self) -> Result<(), VerbsError> {
+        let mut open = self.open.write().unwrap_or_else(PoisonError::into_inner);
+        *open = false;
+        let mut first = None;
+        loop {
+            let next = self.list().take_oldest();
+            let Some(item) = next else { break };
+            if let Err(e) = item.destroy() {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
+
+impl<T: Destroy> Reaper for RetireQueue<T> {
+    fn reap_due(&self, now: Instant) -> usize {
+        let open = self.open.read().unwrap_or_else(PoisonError::into_inner);
+        if !*open {
+            return 0;
+        }
+        let mut n = 0;
+        loop {
+            let next = self.list().take_due(now);
+            let Some(item) = next else { break };
+            // Logged and counted by the provider.
+            let _ = item.destroy();
+            n += 1;
+        }
+        drop(open);
+        n
+    }
+
+    fn next_due(&self) -> Option<Instant> {
+        let open = self.open.read().unwrap_or_else(PoisonError::into_inner);
+        if !*open {
+            return None;
+        }
+        self.list().next_due()
+    }
+}
+
+/// Wait for the retired objects of `reaper` to come due and destroy each as it does, for
+/// at most `cap`: a shutdown keeps the grace where it can, and is bounded. Returns whether
+/// none is left waiting (what is left is destroyed by the endpoint's teardown).
+pub fn wait_out_grace(reaper: &dyn Reaper, cap: Duration) -> bool {
+    let start = Instant::now();
+    let end = start + cap;
+    loop {
+        let now = Instant::now();
+        let Some(due) = reaper.next_due() else {
+            return true;
+        };
+        if due <= now {
+            reaper.reap_due(now);
+            continue;
+        }
+        if now >= end {
+            return false;
+        }
+        std::thread::sleep(due.min(end).saturating_duration_since(now));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+
+    /// Each destroy: the item's number and the thread it ran on.
+    type Log = Arc<Mutex<Vec<(u32, Option<String>)>>>;
+
+    /// Records the thread each destroy ran on.
+    struct Item(u32, Log);
+
+    impl Destroy for Item {
+        fn destroy(self) -> Result<(), VerbsError> {
+            let name = std::thread::current().name().map(str::to_string);
+            self.1.lock().unwrap().push((self.0, name));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_queue_reaps_what_is_due_and_its_close_takes_the_rest() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let q = Arc::new(RetireQueue::new(Duration::from_millis(50), 4));
+        let t0 = Instant::now();
+        q.retire(t0, Item(1, log.clone())).unwrap();
+        q.retire(t0 + Duration::from_millis(30), Item(2, log.clone()))
+            .unwrap();
+        assert_eq!(q.next_due(), Some(t0 + Duration::from_millis(50)));
+        assert_eq!(q.reap_due(t0 + Duration::from_millis(49)), 0);
+        let r: Arc<dyn Reaper> = q.clone();
+        let reaped = std::thread::Builder::new()
+            .name("reaper".into())
+            .spawn(move || r.reap_due(t0 + Duration::from_millis(60)))
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(reaped, 1);
+        assert!(q.any(|i| i.0 == 2) && !q.any(|i| i.0 == 1));
+        q.close().unwrap();
+        assert!(q.is_empty());
+        assert_eq!(q.next_due(), None);
+        // Closed: nothing is reaped, a late retirement is destroyed at once.
+        q.retire(t0, Item(3, log.clone())).unwrap();
+        assert_eq!(q.reap_due(t0 + Duration::from_secs(99)), 0);
+        let log = log.lock().unwrap();
+        let here = std::thread::current().name().map(str::to_string);
+        assert_eq!(
+            *log,
+            vec![(1, Some("reaper".into())), (2, here.clone()), (3, here)]
+        );
+    }
+
+    #[test]
+    fn waiting_out_the_grace_destroys_each_when_due_and_is_bounded() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let q = RetireQueue::new(Duration::from_millis(100), 4);
+        let t0 = Instant::now();
+        q.retire(t0, Item(1, log.clone())).unwrap();
+        assert!(wait_out_grace(&q, Duration::from_secs(5)));
+        assert!(
+            t0.elapsed() >= Duration::from_millis(100),
+            "the grace was kept"
+        );
+        assert_eq!(log.lock().unwrap().len(), 1);
+        // A grace longer than the cap: the wait ends at the cap, the item still waits.
+        let q = RetireQueue::new(Duration::from_secs(60), 4);
+        q.retire(Instant::now(), Item(2, log.clone())).unwrap();
+        let start = Instant::now();
+        assert!(!wait_out_grace(&q, Duration::from_millis(100)));
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(100) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+        assert_eq!(q.len(), 1);
+    }
 
     #[test]
     fn nothing_is_due_before_the_grace() {

@@ -31,6 +31,11 @@
 //! - a QP moved to the error state flushes every posted receive and every held send, in
 //!   posting order, and flushes everything posted afterwards.
 //!
+//! - a renewal keeps the replaced QP's number in a [`RetireQueue`] for the fabric's
+//!   retire grace ([`SimFabric::set_retire_grace`], zero unless set) and hands it out as
+//!   the endpoint's reaper, as the real provider does; its "destroy" only records the
+//!   thread it ran on and how long after the retirement ([`SimFabric::destroyed`]).
+//!
 //! It is deterministic: no threads or timers of its own, QPNs allocated from 17 up and
 //! never reused, and nothing happens except inside a call.
 //!
@@ -69,6 +74,9 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
+
+use super::retire::{Destroy, RETIRED_CAP, Reaper, RetireQueue};
 
 use super::{
     AhHandle, AsyncEvent, Completion, CqKind, Endpoint, EndpointAttrs, EndpointConfig, GRH_LEN,
@@ -124,6 +132,35 @@ pub struct SimCounters {
     pub mcast_delivered: u64,
 }
 
+/// One destroy of a QP that a renewal replaced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimDestroy {
+    /// The QP's number.
+    pub qpn: u32,
+    /// The name of the thread the destroy ran on.
+    pub thread: Option<String>,
+    /// From the retirement to the destroy.
+    pub after: Duration,
+}
+
+/// A QP a renewal replaced (already out of the fabric), until its destroy.
+struct SimRetired {
+    qpn: u32,
+    at: Instant,
+    fabric: Arc<Fabric>,
+}
+
+impl Destroy for SimRetired {
+    fn destroy(self) -> Result<(), VerbsError> {
+        lock(&self.fabric.destroyed).push(SimDestroy {
+            qpn: self.qpn,
+            thread: std::thread::current().name().map(str::to_string),
+            after: self.at.elapsed(),
+        });
+        Ok(())
+    }
+}
+
 /// An in-process RDMA fabric implementing [`Provider`]. Cheap to clone; clones share the
 /// fabric. See the module docs for what it simulates and how.
 #[derive(Clone)]
@@ -142,6 +179,10 @@ struct Fabric {
     opens: AtomicU64,
     /// Successful [`Endpoint::renew`]s: a new QP and CQs, nothing else.
     renewals: AtomicU64,
+    /// How long a renewal's replaced QP waits before it is destroyed.
+    retire_grace: Mutex<Duration>,
+    /// The destroys of replaced QPs, in order.
+    destroyed: Mutex<Vec<SimDestroy>>,
 }
 
 /// Who is where. Read per `post_send` chain; written on open, drop, attach and detach.
@@ -470,6 +511,8 @@ impl SimFabric {
                 counters: AtomicCounters::default(),
                 opens: AtomicU64::new(0),
                 renewals: AtomicU64::new(0),
+                retire_grace: Mutex::new(Duration::ZERO),
+                destroyed: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -483,6 +526,17 @@ impl SimFabric {
     /// [`Endpoint::renew`]s so far (a new QP and CQs on an endpoint kept open).
     pub fn renewals(&self) -> u64 {
         self.inner.renewals.load(Ordering::Relaxed)
+    }
+
+    /// How long the QP a renewal replaced waits before it is destroyed, for endpoints
+    /// opened from now on (the real provider's is [`super::retire::RETIRE_GRACE`]).
+    pub fn set_retire_grace(&self, grace: Duration) {
+        *lock(&self.inner.retire_grace) = grace;
+    }
+
+    /// Every destroy of a replaced QP so far, in order.
+    pub fn destroyed(&self) -> Vec<SimDestroy> {
+        lock(&self.inner.destroyed).clone()
     }
 
     /// Add a device with one port (port 1), a GID table (index 0 an `fe80::` link-local
@@ -765,6 +819,10 @@ impl Provider for SimFabric {
             polled: Vec::with_capacity(recv_slots),
             spare: Vec::with_capacity(recv_slots),
             channel: None,
+            retired: Arc::new(RetireQueue::new(
+                *lock(&self.inner.retire_grace),
+                RETIRED_CAP,
+            )),
         }))
     }
 }
@@ -935,6 +993,8 @@ struct SimEndpoint {
     spare: Vec<Vec<u8>>,
     /// Read end of the simulated completion channel, while registered.
     channel: Option<UnixStream>,
+    /// QPs renewals replaced, until the reaper (or the drop) destroys them.
+    retired: Arc<RetireQueue<SimRetired>>,
 }
 
 impl SimEndpoint {
@@ -1287,11 +1347,22 @@ impl Endpoint for SimEndpoint {
         Ok(())
     }
     fn renew(&mut self) -> Result<(), VerbsError> {
-        self.renew_qp()
+        self.renew_qp(false)
     }
-    /// The simulated QP leaves the fabric at once on every renewal: nothing is kept.
     fn renew_destroying_old(&mut self) -> Result<(), VerbsError> {
-        self.renew_qp()
+        self.renew_qp(true)
+    }
+
+    fn reaper(&self) -> Option<Arc<dyn Reaper>> {
+        let r: Arc<dyn Reaper> = self.retired.clone();
+        Some(r)
+    }
+
+    fn gid_now(&mut self) -> Result<Option<(Gid, u8)>, VerbsError> {
+        let topo = read(&self.fabric.topo);
+        let dev = &topo.devices[self.qp.device];
+        let i = self.attrs.gid_index;
+        Ok(dev.gids.get(usize::from(i)).map(|g| (*g, i)))
     }
 }
 
@@ -1299,7 +1370,9 @@ impl SimEndpoint {
     /// [`Endpoint::renew`]: a new QP (new number, empty queues and CQs) on the same
     /// device, slot memory and address handles, in the old one's multicast groups; the
     /// old QP leaves the fabric, and what was posted on it never completes.
-    fn renew_qp(&mut self) -> Result<(), VerbsError> {
+    /// With `destroy_old`, the old QP is destroyed here (recorded on this thread, at
+    /// once) instead of being retired for its grace.
+    fn renew_qp(&mut self, destroy_old: bool) -> Result<(), VerbsError> {
         let mut topo = write(&self.fabric.topo);
         let dev = &topo.devices[self.qp.device];
         let gid_now = dev.gids.get(usize::from(self.attrs.gid_index)).copied();
@@ -1324,6 +1397,16 @@ impl SimEndpoint {
         }
         topo.qps.insert(qpn, Arc::clone(&qp));
         drop(topo);
+        let old = SimRetired {
+            qpn: self.qp.qpn,
+            at: Instant::now(),
+            fabric: Arc::clone(&self.fabric),
+        };
+        if destroy_old {
+            old.destroy()?;
+        } else {
+            self.retired.retire(Instant::now(), old)?;
+        }
         // The completion channel stays: a registered one now hears the new QP.
         let waker = lock(&self.qp.state).waker.take();
         lock(&qp.state).waker = waker;
@@ -1356,6 +1439,7 @@ impl Drop for SimEndpoint {
         }
         drop(topo);
         lock(&self.qp.state).waker = None;
+        let _ = self.retired.close();
     }
 }
 

@@ -18,6 +18,29 @@ const SYSFS_IB: &str = "/sys/class/infiniband";
 /// enum that bindgen does not emit): the port is RoCE.
 pub(super) const LINK_LAYER_ETHERNET: u8 = 2;
 
+/// `IBV_LINK_LAYER_INFINIBAND` (the same enum, counted from 0).
+const LINK_LAYER_INFINIBAND: u8 = 1;
+
+/// `IBV_LINK_LAYER_UNSPECIFIED`: what kernels before link layers were reported say of an
+/// InfiniBand port (rdma-core's `ibv_devinfo` prints it as InfiniBand too).
+const LINK_LAYER_UNSPECIFIED: u8 = 0;
+
+/// Refuse a port whose link layer is not Ethernet (RoCE). An InfiniBand port routes by
+/// LID, and its address handles need path records from the subnet administrator; none of
+/// that is implemented, and an endpoint opened there would come up and carry nothing.
+pub(super) fn check_link_layer(device: &str, port: u8, link_layer: u8) -> Result<(), VerbsError> {
+    let name = match link_layer {
+        LINK_LAYER_ETHERNET => return Ok(()),
+        LINK_LAYER_INFINIBAND | LINK_LAYER_UNSPECIFIED => "InfiniBand".to_string(),
+        other => format!("unknown ({other})"),
+    };
+    Err(VerbsError::UnsupportedLinkLayer {
+        device: device.to_string(),
+        port,
+        link_layer: name,
+    })
+}
+
 /// GID indexes are `u8` in the configuration; larger tables are scanned up to here.
 const MAX_GID_SCAN: usize = 256;
 
@@ -446,6 +469,21 @@ mod tests {
         assert!(!vanished(libc::ENOMEM));
         assert!(!vanished(libc::EACCES));
         assert_eq!(ifindex("uipoib-no-such-netdev"), None);
+    }
+
+    #[test]
+    fn only_an_ethernet_link_layer_is_accepted() {
+        assert!(check_link_layer("rxe0", 1, LINK_LAYER_ETHERNET).is_ok());
+        for ll in [LINK_LAYER_INFINIBAND, LINK_LAYER_UNSPECIFIED] {
+            let e = check_link_layer("mlx5_0", 2, ll).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "device mlx5_0 port 2 has an InfiniBand link layer; uipoib supports only \
+                 Ethernet (RoCE) link layers for now"
+            );
+        }
+        let e = check_link_layer("x", 1, 7).unwrap_err().to_string();
+        assert!(e.contains("unknown (7) link layer"), "{e}");
     }
 
     #[test]

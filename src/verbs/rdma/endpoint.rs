@@ -22,6 +22,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, UdpSocket};
 use std::os::raw::{c_int, c_void};
 use std::os::unix::io::RawFd;
 use std::ptr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use mio::unix::SourceFd;
@@ -33,7 +34,7 @@ use super::objects::{
     Ah, CompChannel, Context, Cq, Mr, Pd, Qp, QpRequest, Region, SlotLayout, TeardownLog,
     last_errno, ret_errno, set_nonblocking, zeroed,
 };
-use crate::verbs::retire::{RETIRE_GRACE, RETIRED_CAP, Retirement};
+use crate::verbs::retire::{Destroy, RETIRE_GRACE, RETIRED_CAP, Reaper, RetireQueue};
 use crate::verbs::{
     AhHandle, AsyncEvent, Completion, CqKind, Endpoint, EndpointAttrs, EndpointConfig, Gid,
     GrhKind, PostRecvError, PostSendError, RecvWr, SendWr, VerbsError, WcStatus,
@@ -57,6 +58,44 @@ struct Retired {
     qp: Qp,
     recv_cq: Cq,
     send_cq: Cq,
+}
+
+// SAFETY: the QP and CQs are owned by this value alone and libibverbs objects may be
+// destroyed from any thread; the context, PD and channel they depend on outlive them
+// (the endpoint's teardown closes the queue, which waits for a destroy in progress,
+// before it closes those).
+unsafe impl Send for Retired {}
+
+impl Destroy for Retired {
+    /// The QP first, then its CQs. A failure is logged and counted by the teardown log
+    /// (the objects are forgotten either way); the first is returned.
+    fn destroy(mut self) -> Result<(), VerbsError> {
+        let start = Instant::now();
+        let qp = self.qp.close();
+        let qp_ms = start.elapsed().as_secs_f64() * 1e3;
+        // No event of the old CQs is left unacknowledged: `take_cq_events_of`
+        // acknowledges the events of any CQ at once, and the kernel drops unread ones.
+        let recv = self.recv_cq.close();
+        let send = self.send_cq.close();
+        tracing::debug!(
+            qp_ms,
+            total_ms = start.elapsed().as_secs_f64() * 1e3,
+            "retired QP and CQs destroyed"
+        );
+        qp.and(recv).and(send)
+    }
+}
+
+impl Retired {
+    /// Whether the async event element `ptr` is this QP or one of its CQs.
+    fn owns(&self, ptr: *mut c_void) -> bool {
+        [
+            self.qp.as_ptr().cast::<c_void>(),
+            self.recv_cq.as_ptr().cast(),
+            self.send_cq.as_ptr().cast(),
+        ]
+        .contains(&ptr)
+    }
 }
 
 /// A UD QP in RTS on its own two CQs, made ahead of a renewal by `maintain` and not used
@@ -122,9 +161,10 @@ pub struct RdmaEndpoint {
     /// the kernel's removal waits for it before it waits for the verbs contexts.
     watcher: Option<RemovalWatcher>,
     /// The QPs and CQs that renewals replaced, until their grace is over (see
-    /// [`crate::verbs::retire`]; first to go in a teardown: they depend on the PD,
-    /// channel and context like the live ones).
-    retired: Retirement<Retired>,
+    /// [`crate::verbs::retire`]), destroyed by whoever holds the reaper (never the
+    /// poller); first to go in a teardown: they depend on the PD, channel and context
+    /// like the live ones.
+    retired: Arc<RetireQueue<Retired>>,
     /// The QP and CQs the next renewal will use, prepared by `maintain`.
     spare: Option<Queues>,
     /// Creating the spare failed since the last renewal: `maintain` does not retry.
@@ -174,6 +214,7 @@ impl RdmaEndpoint {
         // them in reverse: QP, CQs, channel, MR, PD, memory, context.
         let ctx = device::open_by_name(&cfg.device, &log)?;
         let port = device::query_port(&ctx, &cfg.device, cfg.port)?;
+        device::check_link_layer(&cfg.device, cfg.port, port.link_layer)?;
         let gid = device::choose_gid(&ctx, &cfg.device, cfg.port, port.gid_tbl_len, cfg.gid_index)?;
         let max_payload = match cfg.max_payload {
             None => port.mtu,
@@ -224,7 +265,7 @@ impl RdmaEndpoint {
             }
         };
         bring_up(&qp, cfg)?;
-        let watcher = open_watcher(&ctx, cfg, &gid);
+        let watcher = open_watcher(&ctx, cfg, &gid)?;
 
         let attrs = EndpointAttrs {
             device: cfg.device.clone(),
@@ -272,7 +313,7 @@ impl RdmaEndpoint {
             recv_sges: (0..recv_n).map(|_| zeroed()).collect(),
             wcs: (0..wc_n).map(|_| zeroed()).collect(),
             watcher,
-            retired: Retirement::new(RETIRE_GRACE, RETIRED_CAP),
+            retired: Arc::new(RetireQueue::new(RETIRE_GRACE, RETIRED_CAP)),
             spare: None,
             spare_refused: false,
             mcast: Vec::new(),
@@ -350,14 +391,52 @@ impl RdmaEndpoint {
             };
         }
         // SAFETY: the 8 bytes were initialised (null) above and the kernel wrote the
-        // element; any bit pattern is a valid c_int, meaningful for port events.
-        let port_num = unsafe { ev.element.port_num };
+        // element; any bit pattern is a valid c_int, meaningful for port events, and a
+        // valid pointer value, compared (never dereferenced) for QP and CQ events.
+        let (port_num, element) = unsafe { (ev.element.port_num, ev.element.ptr) };
         let mapped = map_async_event(ev.event_type, port_num, self.attrs.port);
+        let mapped = match element_kind(ev.event_type) {
+            Element::None => mapped,
+            Element::Object => self.match_object(ev.event_type, element, mapped),
+        };
         // SAFETY: `raw` holds the event just returned, acknowledged exactly once (a QP or
         // CQ with unacknowledged events cannot be destroyed).
         unsafe { ibv_ack_async_event(raw) };
         tracing::debug!(event_type = ev.event_type, ?mapped, "verbs async event");
         Ok(Some(mapped))
+    }
+
+    /// Which of this endpoint's objects a QP or CQ event's `element` is: the live QP or
+    /// CQs keep the event `mapped`; any other (a retired or spare one) makes it
+    /// [`AsyncEvent::NotLive`].
+    fn match_object(
+        &self,
+        event_type: u32,
+        element: *mut c_void,
+        mapped: AsyncEvent,
+    ) -> AsyncEvent {
+        let live = [
+            self.qp.as_ptr().cast::<c_void>(),
+            self.recv_cq.as_ptr().cast(),
+            self.send_cq.as_ptr().cast(),
+        ];
+        let owner = if live.contains(&element) {
+            Owner::Live
+        } else if self.retired.any(|r| r.owns(element)) {
+            Owner::Retired
+        } else if self.spare.as_ref().is_some_and(|q| {
+            [
+                q.qp.as_ptr().cast::<c_void>(),
+                q.recv_cq.as_ptr().cast(),
+                q.send_cq.as_ptr().cast(),
+            ]
+            .contains(&element)
+        }) {
+            Owner::Spare
+        } else {
+            Owner::Unknown
+        };
+        classify(event_type, mapped, owner)
     }
 
     /// The next rdma_cm event of the removal watcher, `None` when none is pending (or
@@ -418,8 +497,10 @@ impl RdmaEndpoint {
                 // once so that destroying it never waits; it means nothing to the
                 // current QP.
                 // SAFETY: only this endpoint's CQs use this channel, and a CQ whose
-                // events are not all acknowledged is still live (ibv_destroy_cq waits
-                // for them), so `cq` is live.
+                // events are not all acknowledged is still live: ibv_destroy_cq, also
+                // when the reaper thread runs it concurrently, waits for every event the
+                // kernel reported to be acknowledged, and the kernel drops the unread
+                // events of a destroyed CQ; so `cq` is live.
                 unsafe { ibv_ack_cq_events(cq, 1) };
             }
         }
@@ -433,42 +514,6 @@ impl RdmaEndpoint {
         }
         match failure {
             None => Ok((n_recv, n_send)),
-            Some(e) => Err(e),
-        }
-    }
-
-    /// Destroy the retired QPs and CQs that are due at `now` (every one with `None`, for
-    /// a teardown): each QP first, then its CQs. A failure is logged, counted and the
-    /// first one returned (the objects are forgotten either way).
-    fn release_retired_queues(&mut self, now: Option<Instant>) -> Result<(), VerbsError> {
-        let mut first: Option<VerbsError> = None;
-        loop {
-            let next = match now {
-                Some(now) => self.retired.take_due(now),
-                None => self.retired.take_oldest(),
-            };
-            let Some(mut r) = next else {
-                break;
-            };
-            let start = Instant::now();
-            let qp = r.qp.close();
-            let qp_ms = start.elapsed().as_secs_f64() * 1e3;
-            // No event of the old CQs is left unacknowledged: `take_cq_events_of`
-            // acknowledges the events of any CQ at once, and the kernel drops unread ones.
-            let recv = r.recv_cq.close();
-            let send = r.send_cq.close();
-            tracing::debug!(
-                qp_ms,
-                total_ms = start.elapsed().as_secs_f64() * 1e3,
-                still_retired = self.retired.len(),
-                "retired QP and CQs destroyed"
-            );
-            if let Err(e) = qp.and(recv).and(send) {
-                first.get_or_insert(e);
-            }
-        }
-        match first {
-            None => Ok(()),
             Some(e) => Err(e),
         }
     }
@@ -501,9 +546,9 @@ impl RdmaEndpoint {
         })
     }
 
-    /// [`Endpoint::maintain`]: release the retired queues, then prepare the spare ones.
+    /// [`Endpoint::maintain`]: prepare the spare queues (the retired ones are the
+    /// reaper's).
     fn maintain_queues(&mut self) -> Result<(), VerbsError> {
-        let released = self.release_retired_queues(Some(Instant::now()));
         if self.spare.is_none() && !self.spare_refused && self.lost.is_none() && !self.torn_down {
             let start = Instant::now();
             match self.create_queues() {
@@ -522,13 +567,13 @@ impl RdmaEndpoint {
                 }
             }
         }
-        released
+        Ok(())
     }
 
     /// [`Endpoint::renew`]: new CQs and QP are created, brought up and attached to the
     /// endpoint's multicast groups while the old ones still exist, and swapped in only
     /// when all of that worked; then the old QP is detached and kept aside with its CQs
-    /// (`retired`) until `Endpoint::maintain`. The new QP and CQs are the spare ones
+    /// (`retired`) until the reaper destroys it. The new QP and CQs are the spare ones
     /// `maintain` prepared, if it did.
     /// On any failure before the swap nothing changes; a failed destroy of the old objects is logged, counted and returned (the
     /// object is forgotten, the new ones are in place).
@@ -547,10 +592,8 @@ impl RdmaEndpoint {
         let t0 = Instant::now();
         let mut marks = [0.0f64; 5];
         let mut mark = |i: usize| marks[i] = t0.elapsed().as_secs_f64() * 1e3;
-        // Retired QPs and CQs that are due and that nobody released yet (only beyond the
-        // cap, in a restart storm that leaves the poller no housekeeping, is one due this
-        // early).
-        let mut first: Option<VerbsError> = self.release_retired_queues(Some(Instant::now())).err();
+        // Nothing is destroyed here: the retired queues are the reaper's.
+        let mut first: Option<VerbsError> = None;
         mark(0);
         // Re-read the port and the GID table (they move after port flaps and re-adds):
         // the registered slots are sized for the old MTU and the GID is our address.
@@ -628,7 +671,8 @@ impl RdmaEndpoint {
         mark(4);
         if destroy_old {
             // The old QP may still own slots that are about to be re-posted: it goes now,
-            // QP first (it holds its CQs), then the CQs, never polled.
+            // QP first (it holds its CQs), then the CQs, never polled. This runs on the
+            // supervisor's thread (a restart), never on the poller's.
             let mut old = Retired {
                 qp: old_qp,
                 recv_cq: old_recv,
@@ -639,17 +683,17 @@ impl RdmaEndpoint {
             keep(old.send_cq.close());
         } else {
             // The old QP (in the error state with every WR flushed, in no group, never
-            // polled again) and its CQs are destroyed later, by `maintain`, once their
-            // grace is over: off the restart's critical path, and after rxe has let go
-            // of the QP's packets.
-            self.retired.retire(
+            // polled again) and its CQs are destroyed later, by the reaper, once their
+            // grace is over: off the restart's critical path and off the poller thread,
+            // and after rxe has let go of the QP's packets.
+            keep(self.retired.retire(
                 Instant::now(),
                 Retired {
                     qp: old_qp,
                     recv_cq: old_recv,
                     send_cq: old_send,
                 },
-            );
+            ));
         }
         self.recvs_in_flight = 0;
         self.sends_in_flight = 0;
@@ -686,7 +730,7 @@ impl RdmaEndpoint {
         if let Some(mut w) = self.watcher.take() {
             let _ = w.close();
         }
-        keep(self.release_retired_queues(None));
+        keep(self.retired.close());
         if let Some(mut q) = self.spare.take() {
             keep(q.qp.close());
             keep(q.recv_cq.close());
@@ -818,7 +862,13 @@ fn detach_raw(qp: &Qp, gid: &Gid) -> c_int {
 }
 
 /// Set up the removal watcher for the endpoint's GID, or log why not and run without.
-fn open_watcher(ctx: &Context, cfg: &EndpointConfig, gid: &GidChoice) -> Option<RemovalWatcher> {
+/// A watcher that the kernel bound to another device or port than the one opened is an
+/// error: its removal events would be another device's, and this one's would go unseen.
+fn open_watcher(
+    ctx: &Context,
+    cfg: &EndpointConfig,
+    gid: &GidChoice,
+) -> Result<Option<RemovalWatcher>, VerbsError> {
     let scope_id = device::gid_netdev(&cfg.device, cfg.port, gid.index)
         .and_then(|ndev| device::ifindex(&ndev))
         .unwrap_or(0);
@@ -831,31 +881,47 @@ fn open_watcher(ctx: &Context, cfg: &EndpointConfig, gid: &GidChoice) -> Option<
                 "no rdma_cm removal watcher: a device removal is detected only on drivers \
                  that report DEVICE_FATAL (rxe does not)"
             );
-            return None;
+            return Ok(None);
         }
     };
-    let (guid, index) = ctx.identity();
+    let bound_name = bound.ibdev_index.and_then(device::name_by_index);
+    check_binding(cfg, &addr, ctx.identity(), &bound, bound_name.as_deref())?;
+    tracing::debug!(%addr, ibdev_index = ?bound.ibdev_index, "rdma_cm removal watcher bound");
+    Ok(Some(watcher))
+}
+
+/// Whether the watcher's binding (`bound`, on the device called `bound_name` if known) is
+/// the opened device (`own`: node GUID and kernel index) and port; else an error naming
+/// both devices.
+fn check_binding(
+    cfg: &EndpointConfig,
+    addr: &std::net::SocketAddr,
+    own: (u64, Option<u32>),
+    bound: &cm::Binding,
+    bound_name: Option<&str>,
+) -> Result<(), VerbsError> {
+    let (guid, index) = own;
     let same_index = match (index, bound.ibdev_index) {
         (Some(a), Some(b)) => a == b,
         _ => true,
     };
-    if bound.node_guid != guid || !same_index || bound.port != cfg.port {
-        let bound_name = bound
-            .ibdev_index
-            .and_then(device::name_by_index)
-            .unwrap_or_else(|| "?".into());
-        tracing::warn!(
-            device = %cfg.device, port = cfg.port, %addr,
-            bound_device = %bound_name, bound_port = bound.port,
-            bound_guid = format_args!("{:016x}", u64::from_be(bound.node_guid)),
-            guid = format_args!("{:016x}", u64::from_be(guid)),
-            "the rdma_cm watcher bound to another device or port: its removal events are \
-             not this endpoint's"
-        );
-    } else {
-        tracing::debug!(%addr, ibdev_index = ?bound.ibdev_index, "rdma_cm removal watcher bound");
+    if bound.node_guid == guid && same_index && bound.port == cfg.port {
+        return Ok(());
     }
-    Some(watcher)
+    let other = match bound_name {
+        Some(name) => name.to_string(),
+        None => format!("with node GUID {:016x}", u64::from_be(bound.node_guid)),
+    };
+    Err(VerbsError::BadPort {
+        device: cfg.device.clone(),
+        port: cfg.port,
+        why: format!(
+            "the address {addr} of its GID belongs to device {other} port {} for rdma_cm, \
+             not to {} port {}: the removal watcher would report device {other}'s removal, \
+             and {}'s would go unseen (give {} a GID of its own, or pick another gid_index)",
+            bound.port, cfg.device, cfg.port, cfg.device, cfg.device
+        ),
+    })
 }
 
 /// A work completion in the provider-independent form.
@@ -901,6 +967,52 @@ const EV_DEVICE_FATAL: u32 = 8;
 const EV_PORT_ACTIVE: u32 = 9;
 const EV_PORT_ERR: u32 = 10;
 
+/// `IBV_EVENT_GID_CHANGE`.
+const EV_GID_CHANGE: u32 = 18;
+
+/// What an async event's element names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Element {
+    /// A QP, CQ, SRQ or WQ (`element.qp` / `.cq` / `.srq` / `.wq`).
+    Object,
+    /// A port number, or nothing (`DEVICE_FATAL`).
+    None,
+}
+
+/// The element of an event of type `t` (`<infiniband/verbs.h>`, `ibv_event_type`):
+/// CQ_ERR, the QP events (0..=7), the SRQ events, QP_LAST_WQE_REACHED and WQ_FATAL name an
+/// object; DEVICE_FATAL, the port events (PORT_ACTIVE, PORT_ERR, LID_CHANGE, PKEY_CHANGE,
+/// SM_CHANGE, CLIENT_REREGISTER, GID_CHANGE) a port or nothing.
+fn element_kind(t: u32) -> Element {
+    match t {
+        0..=7 | 14..=16 | 19 => Element::Object,
+        _ => Element::None,
+    }
+}
+
+/// Whose object an event names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Owner {
+    /// The live QP or one of the live CQs.
+    Live,
+    /// A QP or CQ a renewal replaced, waiting for its grace.
+    Retired,
+    /// The spare QP or CQs made ahead.
+    Spare,
+    /// None of the above: a retired one the reaper has taken out of the queue and is
+    /// destroying (its destroy waits for this event's acknowledgement). Never the live
+    /// QP or CQs, which are compared first.
+    Unknown,
+}
+
+/// An object event: `mapped` for the live objects, else [`AsyncEvent::NotLive`].
+fn classify(event_type: u32, mapped: AsyncEvent, owner: Owner) -> AsyncEvent {
+    match owner {
+        Owner::Live => mapped,
+        Owner::Retired | Owner::Spare | Owner::Unknown => AsyncEvent::NotLive(event_type),
+    }
+}
+
 /// Map an async event; port events of another port are `Other`.
 fn map_async_event(event_type: u32, port_num: c_int, our_port: u8) -> AsyncEvent {
     let ours = port_num == c_int::from(our_port);
@@ -910,6 +1022,7 @@ fn map_async_event(event_type: u32, port_num: c_int, our_port: u8) -> AsyncEvent
         EV_QP_FATAL | EV_QP_REQ_ERR | EV_QP_ACCESS_ERR => AsyncEvent::QpFatal,
         EV_PORT_ERR if ours => AsyncEvent::PortDown,
         EV_PORT_ACTIVE if ours => AsyncEvent::PortUp,
+        EV_GID_CHANGE if ours => AsyncEvent::GidChange,
         other => AsyncEvent::Other(other),
     }
 }
@@ -1406,6 +1519,30 @@ impl Endpoint for RdmaEndpoint {
     fn maintain(&mut self) -> Result<(), VerbsError> {
         self.maintain_queues()
     }
+
+    fn reaper(&self) -> Option<Arc<dyn Reaper>> {
+        let r: Arc<dyn Reaper> = self.retired.clone();
+        Some(r)
+    }
+
+    fn gid_now(&mut self) -> Result<Option<(Gid, u8)>, VerbsError> {
+        if self.lost.is_some() || self.torn_down {
+            return Ok(None);
+        }
+        let cfg = &self.cfg;
+        let port = device::query_port(&self.ctx, &cfg.device, cfg.port)?;
+        match device::choose_gid(
+            &self.ctx,
+            &cfg.device,
+            cfg.port,
+            port.gid_tbl_len,
+            cfg.gid_index,
+        ) {
+            Ok(g) => Ok(Some((g.gid, g.index))),
+            Err(VerbsError::NoGid { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -1447,8 +1584,63 @@ mod tests {
         assert_eq!(map_async_event(10, 1, 1), AsyncEvent::PortDown);
         assert_eq!(map_async_event(9, 1, 1), AsyncEvent::PortUp);
         assert_eq!(map_async_event(9, 2, 1), AsyncEvent::Other(9));
-        assert_eq!(map_async_event(18, 1, 1), AsyncEvent::Other(18));
+        assert_eq!(map_async_event(18, 1, 1), AsyncEvent::GidChange);
+        assert_eq!(map_async_event(18, 2, 1), AsyncEvent::Other(18));
         assert_eq!(map_async_event(99, 1, 1), AsyncEvent::Other(99));
+    }
+
+    #[test]
+    fn object_events_count_only_for_the_live_objects() {
+        // The types that name a QP or CQ, from <infiniband/verbs.h>.
+        use rdma_sys::ibv_event_type as t;
+        for ty in [
+            t::IBV_EVENT_CQ_ERR,
+            t::IBV_EVENT_QP_FATAL,
+            t::IBV_EVENT_QP_REQ_ERR,
+            t::IBV_EVENT_QP_ACCESS_ERR,
+            t::IBV_EVENT_COMM_EST,
+            t::IBV_EVENT_SQ_DRAINED,
+            t::IBV_EVENT_PATH_MIG,
+            t::IBV_EVENT_PATH_MIG_ERR,
+            t::IBV_EVENT_SRQ_ERR,
+            t::IBV_EVENT_SRQ_LIMIT_REACHED,
+            t::IBV_EVENT_QP_LAST_WQE_REACHED,
+            t::IBV_EVENT_WQ_FATAL,
+        ] {
+            assert_eq!(element_kind(ty as u32), Element::Object, "{ty:?}");
+        }
+        for ty in [
+            t::IBV_EVENT_DEVICE_FATAL,
+            t::IBV_EVENT_PORT_ACTIVE,
+            t::IBV_EVENT_PORT_ERR,
+            t::IBV_EVENT_LID_CHANGE,
+            t::IBV_EVENT_PKEY_CHANGE,
+            t::IBV_EVENT_SM_CHANGE,
+            t::IBV_EVENT_CLIENT_REREGISTER,
+            t::IBV_EVENT_GID_CHANGE,
+        ] {
+            assert_eq!(element_kind(ty as u32), Element::None, "{ty:?}");
+        }
+        assert_eq!(EV_GID_CHANGE, t::IBV_EVENT_GID_CHANGE as u32);
+        // A QP_FATAL: a restart only when it is the live QP's.
+        let fatal = map_async_event(EV_QP_FATAL, 0, 1);
+        assert_eq!(
+            classify(EV_QP_FATAL, fatal, Owner::Live),
+            AsyncEvent::QpFatal
+        );
+        for owner in [Owner::Retired, Owner::Spare, Owner::Unknown] {
+            assert_eq!(
+                classify(EV_QP_FATAL, fatal, owner),
+                AsyncEvent::NotLive(EV_QP_FATAL),
+                "{owner:?}"
+            );
+        }
+        let cq = map_async_event(EV_CQ_ERR, 0, 1);
+        assert_eq!(classify(EV_CQ_ERR, cq, Owner::Live), AsyncEvent::CqError);
+        assert_eq!(
+            classify(EV_CQ_ERR, cq, Owner::Retired),
+            AsyncEvent::NotLive(EV_CQ_ERR)
+        );
     }
 
     #[test]
@@ -1482,6 +1674,60 @@ mod tests {
         assert_eq!(posted_before(base, ptr::null(), 4), None);
         let odd = (base as usize + 1) as *const ibv_send_wr;
         assert_eq!(posted_before(base, odd, 4), None);
+    }
+
+    #[test]
+    fn a_watcher_bound_to_another_device_is_an_error_naming_both() {
+        let cfg = EndpointConfig {
+            device: "rxe0".into(),
+            port: 1,
+            gid_index: None,
+            qkey: 1,
+            recv_slots: 8,
+            send_slots: 8,
+            max_payload: None,
+        };
+        let addr: std::net::SocketAddr = "198.18.0.1:0".parse().unwrap();
+        let own = (0x1122_u64.to_be(), Some(3));
+        let ours = cm::Binding {
+            node_guid: 0x1122_u64.to_be(),
+            ibdev_index: Some(3),
+            port: 1,
+        };
+        assert!(check_binding(&cfg, &addr, own, &ours, Some("rxe0")).is_ok());
+        // A kernel that does not report the index: the GUID and port decide.
+        let no_index = cm::Binding {
+            ibdev_index: None,
+            ..ours
+        };
+        assert!(check_binding(&cfg, &addr, own, &no_index, None).is_ok());
+        for other in [
+            cm::Binding {
+                ibdev_index: Some(4),
+                ..ours
+            },
+            cm::Binding {
+                node_guid: 0x3344_u64.to_be(),
+                ibdev_index: Some(4),
+                port: 1,
+            },
+            cm::Binding { port: 2, ..ours },
+        ] {
+            let e = check_binding(&cfg, &addr, own, &other, Some("mlx5_1"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("rxe0") && e.contains("mlx5_1"), "{e}");
+            assert!(e.contains("198.18.0.1"), "{e}");
+        }
+        let unnamed = cm::Binding {
+            node_guid: 0x3344_u64.to_be(),
+            ibdev_index: None,
+            port: 1,
+        };
+        let e = check_binding(&cfg, &addr, own, &unnamed, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("node GUID 0000000000003344"), "{e}");
     }
 
     #[test]
