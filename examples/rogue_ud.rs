@@ -205,7 +205,7 @@ impl Packets for Udp {
         let udp = &mut ip[20..];
         udp[0..2].copy_from_slice(&self.sport.to_be_bytes());
         udp[2..4].copy_from_slice(&self.dport.to_be_bytes());
-        udp[4..6].copy_from_slice(&((8 + self.payload) as u16).to_be_bytes());
+        udp[4..6].copy_from_slice(&((8 + usize::from(self.payload)) as u16).to_be_bytes());
         udp[6..8].fill(0); // no UDP checksum (allowed over IPv4)
         for (j, b) in udp[8..].iter_mut().enumerate() {
             *b = (i as usize).wrapping_add(j) as u8;
@@ -252,7 +252,7 @@ impl Arp {
     /// Target addresses nobody owns: one in the victim's /24, one outside.
     fn not_ours(&self, i: u64) -> Ipv4Addr {
         let v = self.victim.octets();
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             Ipv4Addr::new(v[0], v[1], v[2], 250)
         } else {
             Ipv4Addr::new(198, 19, 255, 250)
@@ -265,7 +265,7 @@ impl Packets for Arp {
         Some(u64::from(self.count))
     }
     fn build(&self, i: u64, buf: &mut [u8]) -> Result<usize, String> {
-        let tpa = if self.victim_every > 0 && i % u64::from(self.victim_every) == 0 {
+        let tpa = if self.victim_every > 0 && i.is_multiple_of(u64::from(self.victim_every)) {
             self.victim
         } else {
             self.not_ours(i)
