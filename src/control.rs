@@ -672,11 +672,15 @@ pub fn request_json(path: &Path, req: &Value) -> Result<Value, ControlError> {
         .set_read_timeout(Some(Duration::from_secs(5)))
         .map_err(|e| bad(e.to_string()))?;
     let mut w = &stream;
-    writeln!(w, "{req}").map_err(|e| bad(e.to_string()))?;
+    // A daemon that refuses the peer writes its reason and closes at once, so the
+    // request may not be writable any more; the reason is still there to be read.
+    let sent = writeln!(w, "{req}");
     let mut line = String::new();
-    BufReader::new(&stream)
-        .read_line(&mut line)
-        .map_err(|e| bad(e.to_string()))?;
+    let got = BufReader::new(&stream).read_line(&mut line);
+    if line.is_empty() {
+        sent.map_err(|e| bad(e.to_string()))?;
+        got.map_err(|e| bad(e.to_string()))?;
+    }
     let v: Value = serde_json::from_str(&line).map_err(|e| bad(format!("{e}: {line:?}")))?;
     if v.get("ok") == Some(&Value::Bool(true)) {
         Ok(v)
