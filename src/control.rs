@@ -365,11 +365,11 @@ fn serve(mut listener: mio::net::UnixListener, mut poll: mio::Poll, stop: &Atomi
             .values()
             .map(|c| c.deadline.saturating_duration_since(now))
             .min();
-        if let Err(e) = poll.poll(&mut events, timeout) {
-            if e.kind() != io::ErrorKind::Interrupted {
-                tracing::error!(error = %e, "control socket: poll failed");
-                return;
-            }
+        if let Err(e) = poll.poll(&mut events, timeout)
+            && e.kind() != io::ErrorKind::Interrupted
+        {
+            tracing::error!(error = %e, "control socket: poll failed");
+            return;
         }
         let now = Instant::now();
         let mut ready: Vec<mio::Token> = Vec::new();

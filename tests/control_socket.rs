@@ -69,17 +69,13 @@ fn a_peer_with_another_uid_is_refused_and_counted() {
         .output()
         .expect("running uipoib as uid 65534");
     let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         out.status.code(),
         Some(1),
-        "stdout {:?} stderr {stderr}",
-        out.stdout
+        "stdout {stdout} stderr {stderr}"
     );
-    assert!(
-        out.stdout.is_empty(),
-        "{:?}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    assert!(stdout.is_empty(), "{stdout}");
     assert!(
         stderr.contains("permission denied: uid 65534 may not use this control socket"),
         "{stderr}"

@@ -559,7 +559,7 @@ fn sim_pair_leaves_a_file_at_its_control_path_alone() {
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     let file = dir.join("notes.txt");
     std::fs::write(&file, "not a socket\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_uipoib"))
+    let child = Command::new(env!("CARGO_BIN_EXE_uipoib"))
         .args(["sim-pair", "--netns-a", &na.0, "--netns-b", &nb.0])
         .args([
             "--tap-a",
@@ -571,10 +571,33 @@ fn sim_pair_leaves_a_file_at_its_control_path_alone() {
         .arg(&file)
         .arg("--control-b")
         .arg(dir.join("b.sock"))
-        .output()
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    // It must give up at once; one still running after 20 s has taken the path.
+    let mut daemon = Daemon(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = daemon.0.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let left = std::fs::symlink_metadata(&file).map(|m| m.file_type());
+            panic!("sim-pair started on a regular file at its control path (now: {left:?})");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut err = String::new();
+    use std::io::Read;
+    daemon
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
     assert!(
         err.contains(&format!(
             "control socket path {} is a regular file",
