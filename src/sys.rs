@@ -1,7 +1,7 @@
 //! The operating-system calls the crate makes outside the verbs FFI: the TUN/TAP
 //! ioctls, a signal to a child process, and what the control socket needs (the
-//! effective uid, a peer's uid, the umask). Like `verbs::rdma`, this module is allowed `unsafe`;
-//! every block says why it holds.
+//! effective uid, a peer's uid, the umask). Like `verbs::rdma`, this module is allowed
+//! `unsafe`; every block says why it holds.
 #![allow(unsafe_code)]
 
 use std::io;
