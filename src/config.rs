@@ -207,6 +207,8 @@ pub struct FileConfig {
     pub backoff_max_ms: Option<u64>,
     /// TAP checksum and TCP segmentation offload (`IFF_VNET_HDR`).
     pub tap_offload: Option<bool>,
+    /// Serve fault injection on the control socket.
+    pub allow_faults: Option<bool>,
 }
 
 impl FileConfig {
@@ -264,6 +266,7 @@ impl FileConfig {
             backoff_initial_ms: self.backoff_initial_ms.or(other.backoff_initial_ms),
             backoff_max_ms: self.backoff_max_ms.or(other.backoff_max_ms),
             tap_offload: self.tap_offload.or(other.tap_offload),
+            allow_faults: self.allow_faults.or(other.allow_faults),
         }
     }
 }
@@ -309,6 +312,9 @@ pub struct Config {
     pub tap_offload: bool,
     /// Restart policy.
     pub restart: RestartPolicy,
+    /// The control socket serves `inject`, `clear` and `faults` (off unless asked for:
+    /// a fault breaks the interface on purpose).
+    pub allow_faults: bool,
 }
 
 /// When and how often the supervisor restarts an interface.
@@ -547,6 +553,7 @@ impl Config {
             neigh_max_age: Duration::from_secs(age),
             tx_timeout,
             tap_offload: f.tap_offload.unwrap_or(DEFAULT_TAP_OFFLOAD),
+            allow_faults: f.allow_faults.unwrap_or(false),
             restart: RestartPolicy {
                 max_restarts,
                 window: Duration::from_secs(window_s),
@@ -802,6 +809,37 @@ mod tests {
         assert_eq!(c.device, "rxe0");
         assert_eq!(c.qkey, DEFAULT_QKEY);
         assert_eq!(c.group, Gid::from_ipv4(DEFAULT_GROUP));
+    }
+
+    #[test]
+    fn allow_faults_is_an_opt_in_bool() {
+        assert!(!Config::from_file_config(base()).unwrap().allow_faults);
+        let text = "device = \"rxe0\"\ntap = \"uip0\"\naddr = \"198.18.1.1/24\"\n";
+        let on = FileConfig::parse(&format!("{text}allow-faults = true\n")).unwrap();
+        assert!(Config::from_file_config(on).unwrap().allow_faults);
+        let off = FileConfig::parse(&format!("{text}allow-faults = false\n")).unwrap();
+        assert!(!Config::from_file_config(off).unwrap().allow_faults);
+        for bad in ["allow-faults = \"yes\"", "allow-faults = 1"] {
+            let err = FileConfig::parse(&format!("{text}{bad}\n")).unwrap_err();
+            assert!(err.contains("allow-faults"), "{bad}: {err}");
+            assert!(err.contains("bool"), "{bad}: {err}");
+        }
+        let err = FileConfig::parse(&format!("{text}allow_faults = true\n")).unwrap_err();
+        assert!(err.contains("allow_faults"), "{err}");
+        // The flag (true) wins over a file's false.
+        let flags = FileConfig {
+            allow_faults: Some(true),
+            ..Default::default()
+        };
+        let file = FileConfig {
+            allow_faults: Some(false),
+            ..base()
+        };
+        assert!(
+            Config::from_file_config(flags.or(file))
+                .unwrap()
+                .allow_faults
+        );
     }
 
     #[test]

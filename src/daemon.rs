@@ -166,7 +166,9 @@ fn stop_all(running: Vec<Running>, bound: std::time::Duration) -> Outcome {
 fn start(spec: &Spec, provider: Arc<dyn Provider>) -> Result<Running, DaemonError> {
     let c = &spec.config;
     // Every interface's endpoints go through its own fault switch: inert unless a fault
-    // is injected through the control socket.
+    // is injected through the control socket, which serves injection only with
+    // `allow-faults` (the switch stays in the path either way, so that the datapath is
+    // the same one with and without the flag).
     let faulty = FaultyProvider::new(provider);
     let faults = faulty.switch();
     let provider: Arc<dyn Provider> = Arc::new(faulty);
@@ -188,7 +190,7 @@ fn start(spec: &Spec, provider: Arc<dyn Provider>) -> Result<Running, DaemonErro
         epoch: 1,
         ..Default::default()
     }));
-    tracing::info!(tap = %c.tap, addr = %c.addr, mac = %iface.mac(), mtu = iface.mtu(), control = %c.control.display(), "interface up");
+    tracing::info!(tap = %c.tap, addr = %c.addr, mac = %iface.mac(), mtu = iface.mtu(), control = %c.control.display(), allow_faults = c.allow_faults, "interface up");
     let dev: Arc<dyn TapDevice> = tap.clone();
     let supervisor = Supervisor::spawn(
         Setup {
@@ -211,7 +213,7 @@ fn start(spec: &Spec, provider: Arc<dyn Provider>) -> Result<Running, DaemonErro
         stats.clone(),
         status,
         Some(supervisor.commands()),
-        Some(faults),
+        c.allow_faults.then_some(faults),
     ) {
         Ok(c) => c,
         Err(e) => {

@@ -103,6 +103,10 @@ struct UpArgs {
     /// Control socket (default /run/uipoib/<tap>.sock).
     #[arg(long)]
     control: Option<PathBuf>,
+    /// Serve fault injection (`uipoib fault inject|clear|show`, `fault run`) on the
+    /// control socket; without it those are refused. For recovery tests only.
+    #[arg(long)]
+    allow_faults: bool,
     #[command(flatten)]
     tune: TuneArgs,
 }
@@ -376,6 +380,11 @@ struct SimPairArgs {
     /// Control socket of the second interface.
     #[arg(long)]
     control_b: Option<PathBuf>,
+    /// Serve fault injection on both control sockets. Off unless given, as for `up`:
+    /// the rig's TAPs and control sockets are real, and the same opt-in everywhere
+    /// means a test that forgets the flag fails, not a daemon that forgets to refuse.
+    #[arg(long)]
+    allow_faults: bool,
     /// Simulated port MTU (256..4096).
     #[arg(long, default_value_t = 4096)]
     port_mtu: u32,
@@ -422,6 +431,7 @@ fn up_config(a: &UpArgs) -> Result<Config, ConfigError> {
         port: a.port,
         gid_index: a.gid_index,
         control: a.control.clone(),
+        allow_faults: a.allow_faults.then_some(true),
         ..Default::default()
     };
     Config::from_file_config(a.tune.apply(flags.or(file)))
@@ -628,6 +638,22 @@ fn status_text(s: &Status) -> String {
     let _ = writeln!(t, "mtu       {}", s.mtu);
     let _ = writeln!(t, "epoch     {}", s.epoch);
     let _ = writeln!(t, "restarts  {}", s.restarts);
+    let _ = writeln!(
+        t,
+        "faults    {}",
+        if s.allow_faults {
+            "allowed (--allow-faults)"
+        } else {
+            "disabled (start with --allow-faults to inject)"
+        }
+    );
+    if s.control_peers_refused > 0 {
+        let _ = writeln!(
+            t,
+            "refused   {} control-socket peers (uid neither 0 nor the daemon's)",
+            s.control_peers_refused
+        );
+    }
     if !s.history.is_empty() {
         let _ = writeln!(
             t,
@@ -673,6 +699,7 @@ fn sim_pair(a: SimPairArgs) -> ExitCode {
             tap: Some(tap.clone()),
             addr: Some(addr.clone()),
             control: control.clone(),
+            allow_faults: Some(a.allow_faults),
             ..Default::default()
         };
         match Config::from_file_config(a.tune.apply(f)) {

@@ -193,6 +193,13 @@ pub struct Status {
     pub dead_reason: Option<String>,
     /// The most recent restarts, oldest first.
     pub history: Vec<RestartRecord>,
+    /// Whether the control socket serves fault injection (`--allow-faults`); filled in
+    /// by the control server.
+    #[serde(default)]
+    pub allow_faults: bool,
+    /// Control-socket peers refused for their uid; filled in by the control server.
+    #[serde(default)]
+    pub control_peers_refused: u64,
 }
 
 /// Exponential backoff between consecutive failed attempts.

@@ -28,11 +28,19 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// A socket in a fresh directory of its own (the control socket refuses a directory
+/// others can write to, such as /tmp itself).
+fn sock_path(tag: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("uipoib-faults-cli-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    dir.join("c.sock")
+}
+
 fn serve(tag: &str) -> (PathBuf, Arc<FaultSwitch>, ControlServer) {
-    let path = std::env::temp_dir().join(format!(
-        "uipoib-faults-cli-{tag}-{}.sock",
-        std::process::id()
-    ));
+    let path = sock_path(tag);
     let switch = Arc::new(FaultSwitch::default());
     let srv = ControlServer::start(
         &path,
@@ -183,4 +191,62 @@ fn junk_is_refused_naming_the_field() {
     }
     assert!(switch.armed().is_empty(), "nothing junk got through");
     assert_eq!(switch.injected(), 0);
+}
+
+fn status_cli(control: &Path, json: bool) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_uipoib"));
+    c.arg("status").arg("--control").arg(control);
+    if json {
+        c.arg("--json");
+    }
+    c.output().expect("running uipoib")
+}
+
+#[test]
+fn without_the_switch_inject_is_refused_and_status_says_so() {
+    let path = sock_path("off");
+    let _srv = ControlServer::start(
+        &path,
+        Arc::new(Stats::default()),
+        Arc::new(Mutex::new(Status::default())),
+        None,
+        None,
+    )
+    .unwrap();
+    let out = uipoib(&path, &["inject", "poll-error", "--after", "10"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("fault injection is disabled: start the daemon with --allow-faults"),
+        "{err}"
+    );
+    for cmd in ["show", "clear"] {
+        let out = uipoib(&path, &[cmd]);
+        assert_eq!(out.status.code(), Some(1), "{cmd}");
+        assert!(text(&out.stderr).contains("--allow-faults"), "{cmd}");
+    }
+    let out = status_cli(&path, false);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("faults    disabled"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = status_cli(&path, true);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["allow_faults"], false, "{v}");
+
+    // With the switch (what --allow-faults gives the daemon): allowed, and said so.
+    let (path, switch, _srv) = serve("on");
+    let out = uipoib(&path, &["inject", "poll-error", "--after", "10"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(switch.armed().len(), 1);
+    let out = status_cli(&path, false);
+    assert!(
+        text(&out.stdout).contains("faults    allowed"),
+        "{}",
+        text(&out.stdout)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&status_cli(&path, true).stdout).unwrap();
+    assert_eq!(v["allow_faults"], true, "{v}");
 }

@@ -536,7 +536,13 @@ fn stalled_sends_fire_the_watchdog() {
 }
 
 fn sock(tag: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("uipoib-faults-{tag}-{}.sock", std::process::id()))
+    // A directory of its own: the control socket refuses one others can write (/tmp).
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("uipoib-faults-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    dir.join("c.sock")
 }
 
 #[test]

@@ -5,7 +5,9 @@
 //! interfaces (an injected failed poll, a fatal async event, an operator restart) in the
 //! middle of an iperf3 TCP session, which survives.
 //!
-//! Needs root, /dev/net/tun, `ip` and `iperf3`; without them it says why and skips.
+//! Needs root, /dev/net/tun, `ip`, `ping` and `iperf3`; without them it says why and
+//! skips, except when the `CI` environment variable is set: then it fails, so that a CI
+//! run cannot pass without having run it.
 
 use std::net::Ipv4Addr;
 use std::process::{Child, Command, Stdio};
@@ -52,12 +54,12 @@ fn run(cmd: &str, args: &[&str]) -> String {
 }
 
 fn missing_prerequisite() -> Option<String> {
-    // Root, read from /proc/self/status (the effective UID is the second field).
+    // Root, read from /proc/self/status (`Uid:` real, effective, saved, fs).
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let uid0 = status
         .lines()
         .find(|l| l.starts_with("Uid:"))
-        .is_some_and(|l| l.split_whitespace().nth(1) == Some("0"));
+        .is_some_and(|l| l.split_whitespace().nth(2) == Some("0"));
     if !uid0 {
         return Some("not running as root (network namespaces and TAP devices need it)".into());
     }
@@ -74,6 +76,48 @@ fn missing_prerequisite() -> Option<String> {
         }
     }
     None
+}
+
+/// `CI` is set (to anything but empty, `0` or `false`).
+fn is_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
+}
+
+/// What to do about a missing prerequisite: `Ok(None)` run; `Ok(Some(line))` print the
+/// line and skip; `Err` fail (in CI a skip would pass silently).
+fn skip_decision(test: &str, missing: Option<String>, ci: bool) -> Result<Option<String>, String> {
+    match missing {
+        None => Ok(None),
+        Some(why) if ci => Err(format!(
+            "{test} cannot run: {why}; CI is set, so this fails instead of skipping"
+        )),
+        Some(why) => Ok(Some(format!("SKIPPED {test}: {why}"))),
+    }
+}
+
+/// True if `test` can run here; prints why not and returns false, or panics under CI.
+fn can_run(test: &str) -> bool {
+    match skip_decision(test, missing_prerequisite(), is_ci()) {
+        Ok(None) => true,
+        Ok(Some(line)) => {
+            eprintln!("{line}");
+            false
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+fn in_ci_a_missing_prerequisite_fails_instead_of_skipping() {
+    let why = || Some("not running as root".to_string());
+    let e = skip_decision("netns_sim", why(), true).unwrap_err();
+    assert!(e.contains("not running as root") && e.contains("CI"), "{e}");
+    let line = skip_decision("netns_sim", why(), false).unwrap().unwrap();
+    assert!(
+        line.starts_with("SKIPPED netns_sim: not running as root"),
+        "{line}"
+    );
+    assert_eq!(skip_decision("netns_sim", None, true), Ok(None));
 }
 
 fn ns_exec(ns: &str, args: &[&str]) -> std::process::Output {
@@ -120,6 +164,9 @@ impl Pair {
         let (tap_a, tap_b) = (format!("ua{id}x{tag}"), format!("ub{id}x{tag}"));
         let dir = std::env::temp_dir().join(format!("uipoib-netns-{id}-{tag}"));
         std::fs::create_dir_all(&dir).unwrap();
+        // The control sockets' directory must be writable by its owner only.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         let (ctl_a, ctl_b) = (dir.join("a.sock"), dir.join("b.sock"));
         let child = Command::new(env!("CARGO_BIN_EXE_uipoib"))
             .args(["sim-pair", "--netns-a", &na.0, "--netns-b", &nb.0])
@@ -223,11 +270,26 @@ fn iperf(ns_server: &str, ns_client: &str, server: Ipv4Addr, udp: bool) -> f64 {
 
 #[test]
 fn ping_and_iperf3_across_two_namespaces_over_the_simulated_fabric() {
-    if let Some(why) = missing_prerequisite() {
-        eprintln!("SKIPPED netns_sim: {why}");
+    if !can_run("netns_sim") {
         return;
     }
+    // No --allow-faults: fault injection is refused, and the status says so.
     let p = Pair::start(1, &["--tap-offload", "true"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_uipoib"))
+        .args(["fault", "inject", "poll-error", "--control"])
+        .arg(&p.ctl_a)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("fault injection is disabled: start the daemon with --allow-faults"),
+        "{err}"
+    );
+    assert_eq!(
+        p.cli(&["status", "--json"], &p.ctl_a)["allow_faults"],
+        false
+    );
     for (ns, dst) in [(&p.na.0, B), (&p.nb.0, A)] {
         let o = ns_exec(
             ns,
@@ -272,12 +334,12 @@ fn ping_and_iperf3_across_two_namespaces_over_the_simulated_fabric() {
 
 #[test]
 fn restarts_under_iperf3_keep_the_tcp_session() {
-    if let Some(why) = missing_prerequisite() {
-        eprintln!("SKIPPED netns_sim restarts: {why}");
+    if !can_run("netns_sim restarts") {
         return;
     }
     // The plain TAP path (no vnet headers) is covered here.
-    let p = Pair::start(2, &["--tap-offload", "false"]);
+    let p = Pair::start(2, &["--tap-offload", "false", "--allow-faults"]);
+    assert_eq!(p.cli(&["status", "--json"], &p.ctl_a)["allow_faults"], true);
     let o = ns_exec(
         &p.na.0,
         &["ping", "-c", "2", "-i", "0.2", "-W", "2", &B.to_string()],
@@ -401,11 +463,10 @@ fn fault_run(
 
 #[test]
 fn shipped_scenarios_run_against_a_live_daemon_and_fail_when_they_should() {
-    if let Some(why) = missing_prerequisite() {
-        eprintln!("SKIPPED netns_sim scenarios: {why}");
+    if !can_run("netns_sim scenarios") {
         return;
     }
-    let p = Pair::start(3, &[]);
+    let p = Pair::start(3, &["--allow-faults"]);
     let port = "5214";
     let mut srv = Command::new("ip")
         .args(["netns", "exec", &p.na.0, "iperf3", "-s", "-p", port, "-B"])
@@ -482,4 +543,68 @@ fn shipped_scenarios_run_against_a_live_daemon_and_fail_when_they_should() {
     let _ = srv.kill();
     let _ = srv.wait();
     p.stop();
+}
+
+#[test]
+fn sim_pair_leaves_a_file_at_its_control_path_alone() {
+    if !can_run("netns_sim control path") {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let id = std::process::id() % 10_000;
+    let na = Netns::new(&format!("uipt-a-{id}-4"));
+    let nb = Netns::new(&format!("uipt-b-{id}-4"));
+    let dir = std::env::temp_dir().join(format!("uipoib-netns-{id}-4"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let file = dir.join("notes.txt");
+    std::fs::write(&file, "not a socket\n").unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_uipoib"))
+        .args(["sim-pair", "--netns-a", &na.0, "--netns-b", &nb.0])
+        .args([
+            "--tap-a",
+            &format!("ua{id}x4"),
+            "--tap-b",
+            &format!("ub{id}x4"),
+        ])
+        .arg("--control-a")
+        .arg(&file)
+        .arg("--control-b")
+        .arg(dir.join("b.sock"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // It must give up at once; one still running after 20 s has taken the path.
+    let mut daemon = Daemon(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = daemon.0.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let left = std::fs::symlink_metadata(&file).map(|m| m.file_type());
+            panic!("sim-pair started on a regular file at its control path (now: {left:?})");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut err = String::new();
+    use std::io::Read;
+    daemon
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "control socket path {} is a regular file",
+            file.display()
+        )),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "not a socket\n");
+    let _ = std::fs::remove_dir_all(&dir);
 }
