@@ -1449,7 +1449,9 @@ fn rx_packet(
                             tracing::info!(ip = %a.spa, old_qpn, new_qpn = a.sha.qpn, "peer moved to a new QPN");
                         }
                         Learned::Refreshed => {}
-                        Learned::Unknown => stats::add(&cx.stats.arp_not_learned, 1),
+                        Learned::Unknown | Learned::Conflict => {
+                            stats::add(&cx.stats.arp_not_learned, 1)
+                        }
                         Learned::Collision => return Err(DropReason::RxBadArp),
                     }
                     mac

@@ -61,6 +61,9 @@ pub enum Learned {
     /// Not known and not to be created, or known and not to be changed by a message
     /// trusted this little: nothing changed.
     Unknown,
+    /// A known peer's GID at another QPN claiming another address: both at once would
+    /// move the peer's entry to another QP on its host. Nothing changed.
+    Conflict,
 }
 
 /// How much an ARP may change in the table ([`Neighbours::learn`]).
@@ -156,6 +159,12 @@ impl Neighbours {
                     return (mac, Learned::Refreshed);
                 }
                 return (mac, Learned::Unknown);
+            }
+            Some(p) if p.hw.qpn != hw.qpn && ip.is_some() && p.ip.is_some() && p.ip != ip => {
+                // A new QP claiming another address for a known host: a restarted peer
+                // keeps its address, and a readdressed one keeps its QP. Another QP on
+                // the peer's host must not take the peer's entry over this way.
+                return (mac, Learned::Conflict);
             }
             Some(p) => {
                 p.last_seen = now;
@@ -478,7 +487,19 @@ mod tests {
         );
         assert_eq!(n.by_ip(ip(2)).unwrap().1.hw.qpn, 18);
         assert_eq!(
-            n.learn(Some(ip(2)), hw(2, 18), Trust::Refresh, t0, &mut d)
+            n.learn(Some(ip(3)), hw(2, 99), Trust::Create, t0, &mut d).1,
+            Learned::Conflict,
+            "another QP of the peer's host claiming another address moves nothing"
+        );
+        assert_eq!(n.by_ip(ip(2)).unwrap().1.hw.qpn, 18);
+        assert!(n.by_ip(ip(3)).is_none());
+        assert_eq!(
+            n.learn(Some(ip(3)), hw(2, 18), Trust::Create, t0, &mut d).1,
+            Learned::Refreshed,
+            "the peer's own QP may change its address"
+        );
+        assert_eq!(
+            n.learn(Some(ip(3)), hw(2, 18), Trust::Refresh, t0, &mut d)
                 .1,
             Learned::Refreshed
         );

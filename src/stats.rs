@@ -206,8 +206,10 @@ counters! {
     /// never believed (the neighbour is not changed; a restarted peer announces its new
     /// QPN by ARP, and a silent one is re-resolved).
     rx_unknown_qpn,
-    /// ARP messages from a sender that is not in the table and that is neither a reply
-    /// nor a request for our address: passed on, not learned.
+    /// ARP messages not learned from: a sender that is not in the table and that is
+    /// neither a reply nor a request for our address, or another QP of a known peer's
+    /// host claiming another address (which would take the peer's entry over). Passed
+    /// on, not learned.
     arp_not_learned,
     /// NAPI polls run.
     polls,

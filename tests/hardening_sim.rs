@@ -351,6 +351,18 @@ fn an_arp_is_believed_only_from_its_real_source() {
             .is_none()
     );
     assert_eq!(stats.snapshot().arp_not_learned, 1);
+    // Its real address, asking for A's address from another sender address: that would
+    // move B's entry (same GID) to the rogue's QP and a new address at once.
+    rogue.arp(arp::OP_REQUEST, real, Ipv4Addr::new(198, 18, 2, 79), A_IP);
+    drain_rx(&mut a, &ta);
+    assert_eq!(stats.snapshot().arp_not_learned, 2);
+    let (_, peer) = a.neighbours().by_ip(B_IP).unwrap();
+    assert_eq!(peer.hw, b_hw, "B's entry unchanged");
+    assert!(
+        a.neighbours()
+            .by_ip(Ipv4Addr::new(198, 18, 2, 79))
+            .is_none()
+    );
 }
 
 #[test]
