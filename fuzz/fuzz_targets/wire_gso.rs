@@ -4,6 +4,7 @@
 //!   super-frame planned and cut into every segment (each checked: length, payload,
 //!   sequence number, checksums), and the segments joined again by the `Coalescer`;
 //! - odd: frames handed to the `Coalescer` in order (what GRO is given on receive).
+//!
 //! Whatever the coalescer writes must cut back, segment for segment, into what it was
 //! given, with valid checksums.
 #![no_main]

@@ -21,6 +21,7 @@ use uipoib::verbs::{
 };
 use uipoib::wire::arp::{self, EthArp, IpoibArp};
 use uipoib::wire::eth::{self, Mac, mac_for_gid};
+use uipoib::wire::gso::{GSO_ECN, GSO_TCPV4, VNET_HDR_LEN};
 use uipoib::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ipoib};
 
 use crate::checks::check_coalesced;
@@ -38,6 +39,11 @@ const SEND_SLOTS: u32 = 8;
 /// Bound on TX turns for one TAP read (a 64 KiB super-frame of 1-byte segments needs
 /// 8192 turns of 8).
 const MAX_TURNS: usize = 10_000;
+
+/// The smallest `gso_size` the TX target gives A's TAP: the kernel's smallest TCP MSS
+/// (`TCP_MIN_SND_MSS`), so a super-frame of the largest input is cut into at most ~90
+/// segments.
+pub const MIN_MSS: u16 = 48;
 
 /// Mode bits of an input, shared by the datapath targets.
 pub mod mode {
@@ -330,9 +336,15 @@ impl TxWorld {
     }
 
     /// Give A one TAP read (`bytes`, with offloads a `virtio_net_hdr` first) and check
-    /// what became of every frame in it.
+    /// what became of every frame in it. A TSO read's `gso_size` is raised to
+    /// [`MIN_MSS`] (keeps each run short; smaller cuts are fuzzed in `wire_gso`).
     pub fn step(&mut self, bytes: &[u8]) {
-        self.ta.inject(bytes);
+        let mut read = bytes.to_vec();
+        if self.ta.offload() && read.len() >= VNET_HDR_LEN && read[1] & !GSO_ECN == GSO_TCPV4 {
+            let mss = u16::from_le_bytes([read[4], read[5]]).max(MIN_MSS);
+            read[4..6].copy_from_slice(&mss.to_le_bytes());
+        }
+        self.ta.inject(&read);
         let mut turns = 0;
         while self.ta.pending() {
             turns += 1;
