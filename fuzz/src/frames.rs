@@ -1,0 +1,149 @@
+//! Real frames, packets and headers, built with the crate's own emitters, for the seed
+//! corpus.
+
+use std::net::Ipv4Addr;
+
+use uipoib::verbs::Gid;
+use uipoib::wire::arp::{self, EthArp, IpoibArp};
+use uipoib::wire::eth::{self, EthHeader, Mac};
+use uipoib::wire::gso::{self, VNET_HDR_LEN, VnetHdr};
+use uipoib::wire::ipoib::{self, IpoibAddr};
+use uipoib::wire::ipv4;
+
+/// An Ethernet header and `payload`.
+pub fn eth_frame(dst: Mac, src: Mac, ethertype: u16, payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![0u8; eth::HEADER_LEN];
+    eth::emit_header(
+        &mut f,
+        &EthHeader {
+            dst,
+            src,
+            ethertype,
+        },
+    )
+    .expect("room for the header");
+    f.extend_from_slice(payload);
+    f
+}
+
+/// An Ethernet/IPv4 ARP message (28 bytes).
+pub fn eth_arp(op: u16, sha: Mac, spa: Ipv4Addr, tha: Mac, tpa: Ipv4Addr) -> Vec<u8> {
+    let mut m = vec![0u8; arp::ETH_ARP_LEN];
+    EthArp {
+        op,
+        sha,
+        spa,
+        tha,
+        tpa,
+    }
+    .emit(&mut m)
+    .expect("room for the message");
+    m
+}
+
+/// An IPoIB/IPv4 ARP message (56 bytes).
+pub fn ipoib_arp(op: u16, sha: IpoibAddr, spa: Ipv4Addr, tha: IpoibAddr, tpa: Ipv4Addr) -> Vec<u8> {
+    let mut m = vec![0u8; arp::IPOIB_ARP_LEN];
+    IpoibArp {
+        op,
+        sha,
+        spa,
+        tha,
+        tpa,
+    }
+    .emit(&mut m)
+    .expect("room for the message");
+    m
+}
+
+/// An IPoIB header and `payload`: a UD payload.
+pub fn ipoib_packet(ethertype: u16, payload: &[u8]) -> Vec<u8> {
+    let mut p = vec![0u8; ipoib::HEADER_LEN];
+    ipoib::emit_header(&mut p, ethertype).expect("room for the header");
+    p.extend_from_slice(payload);
+    p
+}
+
+/// An IPv4 header (no options, DF, TTL 64, id `id`, correct checksum) and `payload`.
+pub fn ipv4_packet(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, id: u16, payload: &[u8]) -> Vec<u8> {
+    let total = 20 + payload.len();
+    let mut p = vec![0u8; 20];
+    p[0] = 0x45;
+    p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+    p[4..6].copy_from_slice(&id.to_be_bytes());
+    p[6] = 0x40;
+    p[8] = 64;
+    p[9] = proto;
+    p[12..16].copy_from_slice(&src.octets());
+    p[16..20].copy_from_slice(&dst.octets());
+    let c = ipv4::checksum(&p);
+    p[10..12].copy_from_slice(&c.to_be_bytes());
+    p.extend_from_slice(payload);
+    p
+}
+
+/// An ICMP echo request with `data`.
+pub fn icmp_echo(src: Ipv4Addr, dst: Ipv4Addr, data: &[u8]) -> Vec<u8> {
+    let mut m = vec![8, 0, 0, 0, 0x12, 0x34, 0, 1];
+    m.extend_from_slice(data);
+    let c = ipv4::checksum(&m);
+    m[2..4].copy_from_slice(&c.to_be_bytes());
+    ipv4_packet(src, dst, 1, 1, &m)
+}
+
+/// A UDP datagram (checksum 0: none) from port 5000 to `dport`.
+pub fn udp(src: Ipv4Addr, dst: Ipv4Addr, dport: u16, data: &[u8]) -> Vec<u8> {
+    let mut u = Vec::new();
+    u.extend_from_slice(&5000u16.to_be_bytes());
+    u.extend_from_slice(&dport.to_be_bytes());
+    u.extend_from_slice(&((8 + data.len()) as u16).to_be_bytes());
+    u.extend_from_slice(&[0, 0]);
+    u.extend_from_slice(data);
+    ipv4_packet(src, dst, 17, 2, &u)
+}
+
+/// A TCP/IPv4 segment 40000 -> 5201 with sequence number `seq`, flags `flags` (ACK is
+/// 0x10, PSH 0x08), IPv4 id `id`, and a correct TCP checksum.
+pub fn tcp(src: Ipv4Addr, dst: Ipv4Addr, seq: u32, flags: u8, id: u16, data: &[u8]) -> Vec<u8> {
+    let mut t = vec![0u8; 20];
+    t[0..2].copy_from_slice(&40000u16.to_be_bytes());
+    t[2..4].copy_from_slice(&5201u16.to_be_bytes());
+    t[4..8].copy_from_slice(&seq.to_be_bytes());
+    t[8..12].copy_from_slice(&7u32.to_be_bytes());
+    t[12] = 5 << 4;
+    t[13] = flags;
+    t[14..16].copy_from_slice(&501u16.to_be_bytes());
+    t.extend_from_slice(data);
+    let mut p = ipv4_packet(src, dst, 6, id, &t);
+    let s = ipv4::ones_sum(&p[12..20], 6 + t.len() as u64);
+    let c = !ipv4::fold(ipv4::ones_sum(&p[20..], s));
+    p[36..38].copy_from_slice(&c.to_be_bytes());
+    p
+}
+
+/// One TAP read with offloads: `hdr` then `frame`.
+pub fn vnet_read(hdr: &VnetHdr, frame: &[u8]) -> Vec<u8> {
+    let mut h = [0u8; VNET_HDR_LEN];
+    hdr.emit(&mut h);
+    let mut r = h.to_vec();
+    r.extend_from_slice(frame);
+    r
+}
+
+/// The header of a TSO super-frame with segments of `mss` bytes and a partial checksum,
+/// as the kernel hands one to a TAP with `IFF_VNET_HDR`.
+pub fn tso_hdr(mss: u16) -> VnetHdr {
+    VnetHdr {
+        flags: gso::F_NEEDS_CSUM,
+        gso_type: gso::GSO_TCPV4,
+        hdr_len: 14 + 20 + 20,
+        gso_size: mss,
+        csum_start: 14 + 20,
+        csum_offset: 16,
+    }
+}
+
+/// An IPv4-mapped GID.
+pub fn gid(ip: Ipv4Addr) -> Gid {
+    Gid::from_ipv4(ip)
+}
