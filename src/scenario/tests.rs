@@ -321,12 +321,9 @@ fn fake_daemon_moving(
 }
 
 fn run_against_fake(tag: &str, bad_from: usize) -> super::report::Report {
-    let dir = std::env::temp_dir().join(format!("uipoib-reads-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let sock = dir.join("ctl.sock");
-    let server = fake_daemon(&sock, bad_from);
-    let s = parse(
+    run_fake(
+        &format!("reads-{tag}"),
+        |sock| fake_daemon(sock, bad_from),
         r#"
 name = "reads"
 description = "a fault record and an expectation against a fake daemon"
@@ -346,8 +343,23 @@ within_ms = 300
 state = "running"
 "#,
     )
-    .unwrap();
-    let report = super::run::Runner::new(s, &sock).quiet().run().unwrap();
+}
+
+/// Play `scenario` against the fake daemon `start` serves on a fresh socket, then stop it.
+fn run_fake(
+    tag: &str,
+    start: impl FnOnce(&Path) -> std::thread::JoinHandle<()>,
+    scenario: &str,
+) -> super::report::Report {
+    let dir = std::env::temp_dir().join(format!("uipoib-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("ctl.sock");
+    let server = start(&sock);
+    let report = super::run::Runner::new(parse(scenario).unwrap(), &sock)
+        .quiet()
+        .run()
+        .unwrap();
     let _ = crate::control::request(&sock, "quit");
     server.join().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
@@ -397,20 +409,18 @@ fn good_reads_add_no_check() {
 /// A run whose fault (opened at 3.5 s) cuts the fake interface's rate from 8 Mbit/s to
 /// `after` Mbit/s, checked by `rate_restored = 0.5`.
 fn rate_run(tag: &str, after_mbps: u64) -> super::report::Report {
-    let dir = std::env::temp_dir().join(format!("uipoib-rate-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let sock = dir.join("ctl.sock");
     // 8 Mbit/s = 1000 bytes per ms until the fault, then `after_mbps`.
-    let server = fake_daemon_moving(&sock, usize::MAX, move |ms| {
+    let moving = move |ms: u64| {
         let cut = 3_600;
         if ms <= cut {
             ms * 1000
         } else {
             cut * 1000 + (ms - cut) * after_mbps * 125
         }
-    });
-    let s = parse(
+    };
+    run_fake(
+        &format!("rate-{tag}"),
+        |sock| fake_daemon_moving(sock, usize::MAX, moving),
         r#"
 name = "rate"
 description = "the rate after a fault against the rate before it"
@@ -437,12 +447,6 @@ within_ms = 2500
 rate_restored = 0.5
 "#,
     )
-    .unwrap();
-    let report = super::run::Runner::new(s, &sock).quiet().run().unwrap();
-    let _ = crate::control::request(&sock, "quit");
-    server.join().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    report
 }
 
 #[test]
