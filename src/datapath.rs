@@ -332,8 +332,7 @@ pub struct Interface {
     /// Set while `shutdown` drains flushes (expected then).
     draining: bool,
     /// Set when a `poll_cq` of this epoch failed (or a post left unknown what was posted,
-    /// or the QP could not be moved to the error state, or its flushes did not all
-    /// arrive): no CQ of this epoch is polled again (not even by the teardown's drain),
+    /// or the QP could not be moved to the error state): no CQ of this epoch is polled again (not even by the teardown's drain),
     /// and the QP is destroyed before anything it may own is reaped or re-posted.
     untrusted: bool,
     /// A verb failed in a way that leaves the ledger unsure of what was posted (a
@@ -1141,8 +1140,8 @@ impl Interface {
     /// After a failed poll nothing of this epoch is polled again: there is no drain, and
     /// the old QP is destroyed at once ([`Endpoint::renew_destroying_old`]) before any
     /// work request is reaped. So it is when the QP could not be moved to the error
-    /// state, or when its flushes did not all arrive by `deadline`. Only a QP whose every
-    /// work request was flushed is kept aside for its grace.
+    /// state. A QP in the error state is kept aside for its grace, even when some of its
+    /// flushes had not arrived by `deadline` (rxe is still flushing it then).
     ///
     /// Not for a lost device: use [`Interface::shutdown`] then, which closes everything
     /// at once (a removal waits for every context on the device to close).
@@ -1207,14 +1206,15 @@ impl Interface {
                     self.stats.count_drop(DropReason::RxTapWrite);
                 }
             }
+            // Flushes still missing at the deadline leave the QP (in the error state) to
+            // its grace, not to an immediate destroy: rxe is then still flushing it, and
+            // destroying a QP rxe still holds makes rxe warn, free it under its tasks
+            // and break the device's sends (seen in the lab under iperf3 load).
             if self.outstanding() > 0 {
-                // Flushes missing at the deadline (or a poll failed during the drain):
-                // the QP may still own those slots.
                 tracing::debug!(
                     outstanding = self.outstanding(),
-                    "flushes missing after the drain: the QP is destroyed first"
+                    "flushes missing after the drain; the QP in the error state is retired"
                 );
-                self.untrusted = true;
             }
         }
         t.drain = start.elapsed();
