@@ -8,35 +8,14 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::ipv4_frame;
-use common::sup::{A_IP, B_IP, Side, flows, introduce, pair, side};
+use common::sup::{A_IP, B_IP, Side, flows, introduce, pair, pair_with_grace};
 use uipoib::config::RestartPolicy;
 use uipoib::stats;
 use uipoib::verbs::AsyncEvent;
-use uipoib::verbs::fault::{FaultSwitch, FaultyProvider};
-use uipoib::verbs::sim::SimFabric;
-
-/// Like [`pair`], on a fabric whose renewals keep the replaced QP for `grace`.
-fn pair_with_grace(
-    policy: RestartPolicy,
-    grace: Duration,
-) -> (Arc<SimFabric>, Arc<FaultSwitch>, Side, Side) {
-    let sim = Arc::new(common::fabric(4096));
-    sim.set_retire_grace(grace);
-    let faulty = FaultyProvider::new(sim.clone());
-    let switch = faulty.switch();
-    let a = side(Arc::new(faulty), "sim0", "198.18.2.1/24", policy);
-    let b = side(sim.clone(), "sim1", "198.18.2.2/24", policy);
-    a.wait_state("running", 0);
-    b.wait_state("running", 0);
-    introduce(&a, &b);
-    flows(&a, A_IP, &b, B_IP, 0);
-    (sim, switch, a, b)
-}
 
 /// Make A's poller poll (B sends it a frame).
 fn poke(a: &Side, b: &Side) {

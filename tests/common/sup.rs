@@ -138,7 +138,16 @@ pub fn flows(from: &Side, from_ip: Ipv4Addr, to: &Side, to_ip: Ipv4Addr, tag: u3
 }
 
 pub fn pair(policy: RestartPolicy) -> (Arc<SimFabric>, Arc<FaultSwitch>, Side, Side) {
+    pair_with_grace(policy, Duration::ZERO)
+}
+
+/// Like [`pair`], on a fabric whose renewals keep the replaced QP for `grace`.
+pub fn pair_with_grace(
+    policy: RestartPolicy,
+    grace: Duration,
+) -> (Arc<SimFabric>, Arc<FaultSwitch>, Side, Side) {
     let sim = Arc::new(fabric(4096));
+    sim.set_retire_grace(grace);
     let faulty = FaultyProvider::new(sim.clone());
     let switch = faulty.switch();
     let a = side(Arc::new(faulty), "sim0", "198.18.2.1/24", policy);
