@@ -13,7 +13,7 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use uipoib::neigh::{Neighbours, Trust};
+use uipoib::iface::neigh::{Neighbours, Trust};
 use uipoib::verbs::{AhHandle, Gid};
 use uipoib::wire::eth::Mac;
 use uipoib::wire::ipoib::IpoibAddr;

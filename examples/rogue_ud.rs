@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use serde_json::json;
-use uipoib::config::{DEFAULT_GROUP, DEFAULT_QKEY};
+use uipoib::runtime::config::{DEFAULT_GROUP, DEFAULT_QKEY};
 use uipoib::verbs::rdma::{RdmaEndpoint, RdmaProvider};
 use uipoib::verbs::{
     Completion, CqKind, Dest, Endpoint, EndpointConfig, GRH_LEN, Gid, MULTICAST_QPN, SendWr,

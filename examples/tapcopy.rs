@@ -22,10 +22,10 @@ use std::time::Duration;
 use clap::Parser;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
-use uipoib::config::Ipv4Cidr;
-use uipoib::datapath::FrameIo;
+use uipoib::tap::FrameIo;
 use uipoib::tap::{Tap, TapDevice};
 use uipoib::wire::eth::Mac;
+use uipoib::wire::ipv4::Ipv4Cidr;
 
 #[derive(Parser)]
 #[command(about = "Copy Ethernet frames between two TAP devices (the TAP-only floor)")]

@@ -1,22 +1,22 @@
 //! uipoib: a userspace IPoIB-like datapath. A TAP interface whose traffic is carried as
 //! IPoIB over RDMA UD queue pairs, with a budgeted NAPI-style poll loop and a restart
 //! supervisor that takes over an interface whose completion-queue poll failed.
-#![deny(unsafe_code)]
+//!
+//! The layers, bottom up (imports point down only; docs/ARCHITECTURE.md walks them):
+//! - [`wire`]: the codecs and the Ethernet ⇄ IPoIB translation, pure functions over bytes;
+//! - [`verbs`]: the RDMA boundary (traits, libibverbs, retirement of replaced objects) and
+//!   the fault-injecting decorator with its fault kinds and triggers;
+//! - [`tap`]: the TAP device and its frame I/O;
+//! - [`iface`]: one interface's logic: receive and send paths, the NAPI budget, the
+//!   work-request ledger, neighbours, counters and the restart state machine, no threads;
+//! - [`runtime`]: the threads: poller, supervisor, control socket, the daemon;
+//! - [`scenario`]: scripted fault runs, a client of the control socket.
+
 #![warn(missing_docs)]
 
-pub mod config;
-pub mod control;
-pub mod daemon;
-pub mod datapath;
-pub mod faults;
-pub mod ledger;
-pub mod napi;
-pub mod neigh;
-pub mod poller;
+pub mod iface;
+pub mod runtime;
 pub mod scenario;
-pub mod stats;
-pub mod supervisor;
-pub mod sys;
 pub mod tap;
 pub mod verbs;
 pub mod wire;

@@ -1,5 +1,4 @@
 //! `uipoib`: the command-line front end. See `uipoib --help`.
-#![deny(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -10,13 +9,13 @@ use std::sync::Arc;
 use clap::{Args, Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
-use uipoib::config::{Config, ConfigError, FileConfig};
-use uipoib::control;
-use uipoib::daemon::{self, Spec};
-use uipoib::faults::FaultSpec;
+use uipoib::iface::stats::Snapshot;
+use uipoib::runtime::config::{Config, ConfigError, FileConfig};
+use uipoib::runtime::control;
+use uipoib::runtime::daemon::{self, Spec};
+use uipoib::runtime::supervisor::Status;
 use uipoib::scenario::{Runner, Scenario};
-use uipoib::stats::Snapshot;
-use uipoib::supervisor::Status;
+use uipoib::verbs::fault::FaultSpec;
 use uipoib::verbs::rdma::RdmaProvider;
 use uipoib::verbs::sim::SimFabric;
 

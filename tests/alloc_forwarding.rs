@@ -11,7 +11,7 @@
 //! measurement with a TAP that copies every written frame into a new `Vec`, and asserts
 //! that the counter sees one allocation per packet: the test can fail.
 //!
-//! [`Interface`]: uipoib::datapath::Interface
+//! [`Interface`]: uipoib::iface::Interface
 
 #[path = "../benches/support/mod.rs"]
 mod support;

@@ -10,9 +10,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
-use uipoib::control::{self, ControlServer};
-use uipoib::stats::Stats;
-use uipoib::supervisor::Status;
+use uipoib::iface::stats::Stats;
+use uipoib::runtime::control::{self, ControlServer};
+use uipoib::runtime::supervisor::Status;
 
 const NOBODY: u32 = 65534;
 

@@ -1,10 +1,10 @@
-//! Every counter and every drop reason declared in `src/stats.rs` is moved somewhere in
+//! Every counter and every drop reason declared in `src/iface/stats.rs` is moved somewhere in
 //! the crate: a counter no code touches is a lie on the dashboard. The check reads the
 //! sources, so it fails as soon as one is declared and nothing increments it.
 
 use std::path::{Path, PathBuf};
 
-use uipoib::stats::DropReason;
+use uipoib::iface::stats::DropReason;
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap() {
@@ -41,8 +41,9 @@ fn crate_text() -> String {
 
 /// The counter names of the `counters! { ... }` block.
 fn counter_names() -> Vec<String> {
-    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/stats.rs"))
-        .unwrap();
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/iface/stats.rs"))
+            .unwrap();
     let start = text.find("\ncounters! {").expect("the counters! block");
     let body = &text[start + "\ncounters! {".len()..];
     let body = &body[..body.find("\n}").unwrap()];
@@ -64,7 +65,7 @@ fn every_counter_is_moved_somewhere() {
         .collect();
     assert!(
         unused.is_empty(),
-        "counters declared in src/stats.rs and never moved: {unused:?}"
+        "counters declared in src/iface/stats.rs and never moved: {unused:?}"
     );
 }
 

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use common::{FakeTap, arp_reply, arp_request, ipv4_frame, pair};
-use uipoib::napi::TxGate;
-use uipoib::stats::{self, DropReason};
+use uipoib::iface::napi::TxGate;
+use uipoib::iface::stats::{self, DropReason};
 use uipoib::wire::arp::{self as warp, EthArp};
 use uipoib::wire::eth::{self, Mac};
 use uipoib::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4};
@@ -83,9 +83,9 @@ fn arp_then_ipv4_both_ways() {
     assert_eq!(sa.send_outstanding, 0);
     a.ledger().check().unwrap();
     b.ledger().check().unwrap();
-    let (ta_, _) = a.shutdown(uipoib::datapath::FLUSH_DEADLINE);
+    let (ta_, _) = a.shutdown(uipoib::iface::FLUSH_DEADLINE);
     ta_.ledger.unwrap();
-    let (tb_, _) = b.shutdown(uipoib::datapath::FLUSH_DEADLINE);
+    let (tb_, _) = b.shutdown(uipoib::iface::FLUSH_DEADLINE);
     tb_.ledger.unwrap();
 }
 
@@ -209,13 +209,13 @@ fn wire_garbage_from_a_peer_is_counted_never_forwarded() {
             device: "sim1".into(),
             port: 1,
             gid_index: None,
-            qkey: uipoib::config::DEFAULT_QKEY,
+            qkey: uipoib::runtime::config::DEFAULT_QKEY,
             recv_slots: 4,
             send_slots: 16,
             max_payload: None,
         })
         .unwrap();
-    let group = uipoib::verbs::Gid::from_ipv4(uipoib::config::DEFAULT_GROUP);
+    let group = uipoib::verbs::Gid::from_ipv4(uipoib::runtime::config::DEFAULT_GROUP);
     let ah = evil.create_ah(&group).unwrap();
     let cases: Vec<(Vec<u8>, DropReason)> = vec![
         (vec![0x08], DropReason::RxShort),
@@ -238,7 +238,7 @@ fn wire_garbage_from_a_peer_is_counted_never_forwarded() {
             dest: Dest {
                 ah,
                 qpn: MULTICAST_QPN,
-                qkey: uipoib::config::DEFAULT_QKEY,
+                qkey: uipoib::runtime::config::DEFAULT_QKEY,
             },
             signaled: true,
         }])

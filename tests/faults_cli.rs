@@ -7,11 +7,11 @@ use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use uipoib::control::ControlServer;
-use uipoib::faults::{CqSel, Fault, FaultKind, FaultSpec, Trigger};
-use uipoib::stats::Stats;
-use uipoib::supervisor::Status;
+use uipoib::iface::stats::Stats;
+use uipoib::runtime::control::ControlServer;
+use uipoib::runtime::supervisor::Status;
 use uipoib::verbs::fault::FaultSwitch;
+use uipoib::verbs::fault::{CqSel, Fault, FaultKind, FaultSpec, Trigger};
 
 fn uipoib(control: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_uipoib"))

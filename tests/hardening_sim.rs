@@ -18,12 +18,12 @@ use std::time::{Duration, Instant};
 
 use common::sup::{self, A_IP, B_IP};
 use common::{FakeTap, fabric, introduce, ipv4_frame, open};
-use uipoib::config::{DEFAULT_QKEY, RestartPolicy};
-use uipoib::datapath::{FLUSH_DEADLINE, Interface};
-use uipoib::faults::{Fault, FaultSpec};
-use uipoib::napi::TxGate;
-use uipoib::stats::DropReason;
+use uipoib::iface::napi::TxGate;
+use uipoib::iface::stats::DropReason;
+use uipoib::iface::{FLUSH_DEADLINE, Interface};
+use uipoib::runtime::config::{DEFAULT_QKEY, RestartPolicy};
 use uipoib::verbs::fault::FaultyProvider;
+use uipoib::verbs::fault::{Fault, FaultSpec};
 use uipoib::verbs::sim::SimFabric;
 use uipoib::verbs::{Dest, Endpoint, EndpointConfig, Gid, MULTICAST_QPN, Provider, SendWr};
 use uipoib::wire::arp::{self, IpoibArp};
@@ -485,7 +485,7 @@ fn a_bad_wr_outside_the_chain_restarts_and_takes_the_chain_as_posted() {
     assert!(
         matches!(
             r,
-            Err(uipoib::datapath::Failure::Verbs(
+            Err(uipoib::iface::Failure::Verbs(
                 uipoib::verbs::VerbsError::BadWrOutsideChain { .. }
             ))
         ),

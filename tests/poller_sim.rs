@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::{SockTap, arp_reply, arp_request, fabric, ipv4_frame, open};
 use crossbeam_channel::unbounded;
-use uipoib::datapath::{FLUSH_DEADLINE, Failure};
-use uipoib::poller::{Exit, Poller};
+use uipoib::iface::{FLUSH_DEADLINE, Failure};
+use uipoib::runtime::poller::{Exit, Poller};
 use uipoib::tap::TapDevice;
 use uipoib::verbs::VerbsError;
 use uipoib::verbs::fault::FaultyProvider;

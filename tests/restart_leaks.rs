@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use common::sup::{A_IP, B_IP, flows, pair};
 use common::{fabric, params};
-use uipoib::config::RestartPolicy;
-use uipoib::datapath::{FLUSH_DEADLINE, Interface};
-use uipoib::stats::Stats;
+use uipoib::iface::stats::Stats;
+use uipoib::iface::{FLUSH_DEADLINE, Interface};
+use uipoib::runtime::config::RestartPolicy;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 

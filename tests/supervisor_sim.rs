@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use common::ipv4_frame;
 use common::sup::{A_IP, B_IP, Side, flows, introduce, pair, pair_with_grace};
-use uipoib::config::RestartPolicy;
-use uipoib::stats;
+use uipoib::iface::stats;
+use uipoib::runtime::config::RestartPolicy;
 use uipoib::verbs::AsyncEvent;
 
 /// Make A's poller poll (B sends it a frame).

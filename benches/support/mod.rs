@@ -12,18 +12,20 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use uipoib::config::{
+use uipoib::iface::napi::TxGate;
+use uipoib::iface::stats::Stats;
+use uipoib::iface::{Interface, Params};
+use uipoib::runtime::config::{
     DEFAULT_BUDGET, DEFAULT_GROUP, DEFAULT_POLL_BATCH, DEFAULT_QKEY, DEFAULT_RECV_RING,
-    DEFAULT_SEND_RING, DEFAULT_TX_BATCH, Ipv4Cidr,
+    DEFAULT_SEND_RING, DEFAULT_TX_BATCH,
 };
-use uipoib::datapath::{FrameIo, Interface, Params};
-use uipoib::napi::TxGate;
-use uipoib::stats::Stats;
+use uipoib::tap::FrameIo;
 use uipoib::verbs::sim::SimFabric;
 use uipoib::verbs::{EndpointConfig, Gid};
 use uipoib::wire::arp;
 use uipoib::wire::eth::{self, Mac};
 use uipoib::wire::ipv4;
+use uipoib::wire::ipv4::Ipv4Cidr;
 
 #[path = "../../tests/common/frames.rs"]
 mod frames;
@@ -139,7 +141,7 @@ pub fn params(device: &str, addr: Ipv4Addr) -> Params {
         },
         neigh_capacity: 64,
         neigh_max_age: Duration::from_secs(300),
-        tx_timeout: uipoib::config::DEFAULT_TX_TIMEOUT,
+        tx_timeout: uipoib::runtime::config::DEFAULT_TX_TIMEOUT,
     }
 }
 

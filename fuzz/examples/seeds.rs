@@ -9,7 +9,7 @@
 use std::net::Ipv4Addr;
 use std::path::Path;
 
-use uipoib::config::DEFAULT_GROUP;
+use uipoib::runtime::config::DEFAULT_GROUP;
 use uipoib::verbs::{GRH_LEN, Gid};
 use uipoib::wire::arp::{OP_REPLY, OP_REQUEST};
 use uipoib::wire::eth::Mac;

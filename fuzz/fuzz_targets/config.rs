@@ -5,8 +5,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use uipoib::config::{Config, FileConfig, Ipv4Cidr, MAX_IPOIB_MTU, MIN_IPOIB_MTU, check_ifname};
-use uipoib::datapath::Params;
+use uipoib::runtime::config::{Config, FileConfig, MAX_IPOIB_MTU, MIN_IPOIB_MTU, check_ifname};
+use uipoib::wire::ipv4::Ipv4Cidr;
 use uipoib::verbs::Gid;
 
 fn check(c: &Config) {
@@ -31,7 +31,7 @@ fn check(c: &Config) {
     assert!(!c.neigh_max_age.is_zero());
     assert!(c.restart.backoff_initial <= c.restart.backoff_max);
     assert!(c.restart.max_restarts >= 1);
-    let p = Params::from_config(c);
+    let p = c.interface_params();
     assert_eq!(p.endpoint.recv_slots, c.recv_ring);
     assert_eq!(p.endpoint.max_payload, c.mtu.map(|m| m + 4));
 }

@@ -1,4 +1,4 @@
-//! A TAP double for [`uipoib::datapath::FrameIo`].
+//! A TAP double for [`uipoib::tap::FrameIo`].
 //!
 //! Without offloads a read returns one queued frame and a write keeps the frame. With
 //! offloads it does what `uipoib::tap::Tap` does on a TAP opened with `IFF_VNET_HDR`
@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::sync::Mutex;
 
-use uipoib::datapath::FrameIo;
+use uipoib::tap::FrameIo;
 use uipoib::wire::gso::{self, Coalescer, FrameSink, Plan, VNET_HDR_LEN, VnetHdr};
 
 /// What the double saw; see the module docs.

@@ -10,10 +10,11 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use uipoib::config::{DEFAULT_GROUP, DEFAULT_QKEY, Ipv4Cidr};
-use uipoib::datapath::{Interface, Params};
-use uipoib::napi::TxGate;
-use uipoib::stats::{self, DropReason, Stats};
+use uipoib::runtime::config::{DEFAULT_GROUP, DEFAULT_QKEY};
+use uipoib::wire::ipv4::Ipv4Cidr;
+use uipoib::iface::{Interface, Params};
+use uipoib::iface::napi::TxGate;
+use uipoib::iface::stats::{self, DropReason, Stats};
 use uipoib::verbs::sim::SimFabric;
 use uipoib::verbs::{
     AhHandle, Completion, CqKind, Dest, Endpoint, EndpointConfig, Gid, MULTICAST_QPN, Provider,

@@ -53,8 +53,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use toml::Spanned;
 
-use crate::faults::{FaultKind, FaultSpec};
-use crate::stats::{DropReason, Snapshot};
+use crate::iface::stats::{DropReason, Snapshot};
+use crate::verbs::fault::{FaultKind, FaultSpec};
 
 mod report;
 mod run;

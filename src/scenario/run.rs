@@ -23,10 +23,10 @@ use serde_json::{Value, json};
 
 use super::report::{FaultReport, Outcome, Report, Throughput, TrafficReport};
 use super::{Action, Command, Expect, Scenario, Storm};
-use crate::control::{self, ControlError};
-use crate::faults::SplitMix64;
-use crate::stats::Snapshot;
-use crate::supervisor::{RestartRecord, Status};
+use crate::iface::stats::Snapshot;
+use crate::runtime::control::{self, ControlError};
+use crate::runtime::supervisor::{RestartRecord, Status};
+use crate::verbs::fault::SplitMix64;
 
 /// How often the counters are sampled.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(50);
@@ -249,13 +249,13 @@ impl Load {
     fn stop(mut self) -> TrafficReport {
         let running = self.running();
         if running {
-            let _ = crate::sys::kill_group(self.child.id(), libc::SIGINT);
+            let _ = crate::runtime::sys::kill_group(self.child.id(), libc::SIGINT);
             let end = Instant::now() + Duration::from_secs(5);
             while Instant::now() < end && self.running() {
                 thread::sleep(Duration::from_millis(20));
             }
             if self.running() {
-                let _ = crate::sys::kill_group(self.child.id(), libc::SIGKILL);
+                let _ = crate::runtime::sys::kill_group(self.child.id(), libc::SIGKILL);
             }
         }
         let status = self.child.wait().ok();
@@ -1193,7 +1193,7 @@ fn exec(
     let result = match rx.recv_timeout(timeout) {
         Ok(r) => Some(r),
         Err(_) => {
-            let _ = crate::sys::kill_group(pid, libc::SIGKILL);
+            let _ = crate::runtime::sys::kill_group(pid, libc::SIGKILL);
             None
         }
     };

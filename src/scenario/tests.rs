@@ -71,7 +71,7 @@ fn a_good_file_loads_with_its_variables_substituted() {
     let Action::Inject { spec, label } = &s.steps[1].action else {
         panic!("{:?}", s.steps[1]);
     };
-    assert_eq!(spec.kind(), crate::faults::FaultKind::PollError);
+    assert_eq!(spec.kind(), crate::verbs::fault::FaultKind::PollError);
     assert_eq!(label, "poll-error");
 }
 
@@ -294,7 +294,7 @@ fn fake_daemon_moving(
                     if statuses >= bad_from {
                         serde_json::json!({"ok": true, "status": {"state": 7}})
                     } else {
-                        let st = crate::supervisor::Status {
+                        let st = crate::runtime::supervisor::Status {
                             state: "running".into(),
                             epoch: 1,
                             ..Default::default()
@@ -304,7 +304,7 @@ fn fake_daemon_moving(
                 }
                 Some("stats") => {
                     let b = bytes(t0.elapsed().as_millis() as u64);
-                    let snap = crate::stats::Snapshot {
+                    let snap = crate::iface::stats::Snapshot {
                         rx_bytes: b,
                         rx_packets: b / 1000,
                         ..Default::default()
@@ -360,7 +360,7 @@ fn run_fake(
         .quiet()
         .run()
         .unwrap();
-    let _ = crate::control::request(&sock, "quit");
+    let _ = crate::runtime::control::request(&sock, "quit");
     server.join().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     report

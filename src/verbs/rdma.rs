@@ -28,7 +28,6 @@
 //!   librdmacm);
 //! - `endpoint`: [`RdmaEndpoint`], the [`Endpoint`] implementation.
 #![allow(unsafe_code)]
-#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod cm;
 mod device;

@@ -220,7 +220,7 @@ impl IpoibArp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::verbs::Gid;
+    use crate::wire::gid::Gid;
     use proptest::prelude::*;
 
     /// Who has 198.18.0.2? Tell 198.18.0.1 (02:00:c6:12:00:01). RFC 826 layout, by hand.

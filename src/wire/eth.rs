@@ -11,8 +11,8 @@ use core::fmt;
 use core::str::FromStr;
 use std::net::Ipv4Addr;
 
+use super::gid::Gid;
 use super::{ETHERTYPE_QINQ, ETHERTYPE_VLAN, WireError, prefix, prefix_mut};
-use crate::verbs::Gid;
 
 /// Length of an Ethernet header (no VLAN tag, no FCS).
 pub const HEADER_LEN: usize = 14;

@@ -7,8 +7,20 @@
 //! addresses stand for IPv4-mapped GIDs. The emitters write what a fabric would, for
 //! tests and the simulated fabric.
 
+use super::gid::Gid;
 use super::{WireError, ipv4, prefix, prefix_mut};
-use crate::verbs::{GRH_LEN, Gid, GrhKind};
+
+/// Size of the Global Routing Header that precedes every UD receive.
+pub const GRH_LEN: usize = 40;
+
+/// How the 40 bytes in front of a UD receive are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GrhKind {
+    /// An IB GRH / IPv6 header: source GID at bytes 8..24, destination GID at 24..40.
+    Ipv6,
+    /// RoCEv2 over IPv4: bytes 0..20 undefined, bytes 20..40 hold the IPv4 header.
+    Ipv4,
+}
 
 /// Next-header value of an IB GRH carrying a BTH (IBA 8.3.1: "IBA transport").
 const NEXT_HEADER_IBA: u8 = 0x1B;

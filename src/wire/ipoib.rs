@@ -6,8 +6,8 @@
 //! QPN, and the 16-byte port GID. This module only converts bytes; it does not decide
 //! which EtherTypes are carried.
 
+use super::gid::Gid;
 use super::{WireError, prefix, prefix_mut};
-use crate::verbs::Gid;
 
 /// Length of the IPoIB encapsulation header.
 pub const HEADER_LEN: usize = 4;

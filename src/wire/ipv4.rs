@@ -126,6 +126,54 @@ pub fn fold(mut s: u64) -> u16 {
     s as u16
 }
 
+/// An IPv4 address with a prefix length (`198.18.1.1/24`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ipv4Cidr {
+    /// The address.
+    pub addr: Ipv4Addr,
+    /// The prefix length, 0..=32.
+    pub prefix: u8,
+}
+
+impl Ipv4Cidr {
+    /// True if `ip` is in this subnet.
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        let mask = if self.prefix == 0 {
+            0
+        } else {
+            u32::MAX << (32 - u32::from(self.prefix))
+        };
+        u32::from(ip) & mask == u32::from(self.addr) & mask
+    }
+}
+
+impl std::fmt::Display for Ipv4Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+impl std::str::FromStr for Ipv4Cidr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (a, p) = s
+            .split_once('/')
+            .ok_or_else(|| format!("{s:?} is not ADDRESS/PREFIX (e.g. 198.18.1.1/24)"))?;
+        let addr: Ipv4Addr = a
+            .parse()
+            .map_err(|_| format!("{a:?} is not an IPv4 address"))?;
+        let prefix: u8 = p
+            .parse()
+            .ok()
+            .filter(|&p| p <= 32)
+            .ok_or_else(|| format!("prefix {p:?} is not a number from 0 to 32"))?;
+        if addr.is_unspecified() || addr.is_multicast() || addr.is_broadcast() {
+            return Err(format!("{addr} cannot be an interface address"));
+        }
+        Ok(Ipv4Cidr { addr, prefix })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,6 +13,7 @@
 
 pub mod arp;
 pub mod eth;
+pub mod gid;
 pub mod grh;
 pub mod gso;
 pub mod ipoib;

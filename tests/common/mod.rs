@@ -15,14 +15,16 @@ use std::os::unix::net::UnixDatagram;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use uipoib::config::{DEFAULT_GROUP, DEFAULT_QKEY, Ipv4Cidr};
-use uipoib::datapath::{FrameIo, Interface, Params};
-use uipoib::napi::TxGate;
-use uipoib::stats::Stats;
+use uipoib::iface::napi::TxGate;
+use uipoib::iface::stats::Stats;
+use uipoib::iface::{Interface, Params};
+use uipoib::runtime::config::{DEFAULT_GROUP, DEFAULT_QKEY};
+use uipoib::tap::FrameIo;
 use uipoib::tap::TapDevice;
 use uipoib::verbs::sim::SimFabric;
 use uipoib::verbs::{EndpointConfig, Gid, Provider};
 use uipoib::wire::eth::Mac;
+use uipoib::wire::ipv4::Ipv4Cidr;
 
 /// A TAP double: frames to be read are queued by the test; frames written are kept.
 #[derive(Default)]

@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{SockTap, arp_reply, arp_request, fabric, ipv4_frame, params};
-use uipoib::config::RestartPolicy;
-use uipoib::datapath::Interface;
-use uipoib::stats::Stats;
-use uipoib::supervisor::{Setup, Status, Supervisor};
+use uipoib::iface::Interface;
+use uipoib::iface::stats::Stats;
+use uipoib::runtime::config::RestartPolicy;
+use uipoib::runtime::supervisor::{Setup, Status, Supervisor};
 use uipoib::tap::TapDevice;
 use uipoib::verbs::Provider;
 use uipoib::verbs::fault::{FaultSwitch, FaultyProvider};

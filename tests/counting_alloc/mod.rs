@@ -1,6 +1,9 @@
 //! A counting global allocator for the zero-allocation tests: each test binary that
 //! includes this module installs it with `#[global_allocator]`, then counts the
 //! allocations its own thread makes between [`start`] and [`stop`].
+//!
+//! A global allocator is `unsafe` by definition: this test-support module is allowed it.
+#![allow(unsafe_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::verbs::Gid;
+use crate::iface::Params;
+use crate::verbs::{EndpointConfig, Gid};
+use crate::wire::ipoib;
+use crate::wire::ipv4::Ipv4Cidr;
 
 /// Receive completions handled per poll before the poller yields to TX and other work.
 /// 64 is the kernel's NAPI weight for IPoIB: large enough to amortise the arm/re-poll
@@ -109,54 +112,6 @@ pub enum ConfigError {
         /// Why.
         why: String,
     },
-}
-
-/// An IPv4 address with a prefix length (`198.18.1.1/24`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ipv4Cidr {
-    /// The address.
-    pub addr: Ipv4Addr,
-    /// The prefix length, 0..=32.
-    pub prefix: u8,
-}
-
-impl Ipv4Cidr {
-    /// True if `ip` is in this subnet.
-    pub fn contains(&self, ip: Ipv4Addr) -> bool {
-        let mask = if self.prefix == 0 {
-            0
-        } else {
-            u32::MAX << (32 - u32::from(self.prefix))
-        };
-        u32::from(ip) & mask == u32::from(self.addr) & mask
-    }
-}
-
-impl std::fmt::Display for Ipv4Cidr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.addr, self.prefix)
-    }
-}
-
-impl std::str::FromStr for Ipv4Cidr {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (a, p) = s
-            .split_once('/')
-            .ok_or_else(|| format!("{s:?} is not ADDRESS/PREFIX (e.g. 198.18.1.1/24)"))?;
-        let addr: Ipv4Addr = a
-            .parse()
-            .map_err(|_| format!("{a:?} is not an IPv4 address"))?;
-        let prefix: u8 = p
-            .parse()
-            .ok()
-            .filter(|&p| p <= 32)
-            .ok_or_else(|| format!("prefix {p:?} is not a number from 0 to 32"))?;
-        if addr.is_unspecified() || addr.is_multicast() || addr.is_broadcast() {
-            return Err(format!("{addr} cannot be an interface address"));
-        }
-        Ok(Ipv4Cidr { addr, prefix })
-    }
 }
 
 /// The `[interface]` keys of a config file; every field is optional there.
@@ -564,6 +519,33 @@ impl Config {
     }
 }
 
+impl Config {
+    /// Parameters from a validated configuration.
+    pub fn interface_params(&self) -> Params {
+        Params {
+            addr: self.addr,
+            mtu: self.mtu,
+            qkey: self.qkey,
+            group: self.group,
+            budget: self.budget,
+            poll_batch: self.poll_batch,
+            tx_batch: self.tx_batch,
+            endpoint: EndpointConfig {
+                device: self.device.clone(),
+                port: self.port,
+                gid_index: self.gid_index,
+                qkey: self.qkey,
+                recv_slots: self.recv_ring,
+                send_slots: self.send_ring,
+                max_payload: self.mtu.map(|m| m + ipoib::HEADER_LEN as u32),
+            },
+            neigh_capacity: self.neigh_capacity,
+            neigh_max_age: self.neigh_max_age,
+            tx_timeout: self.tx_timeout,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -804,7 +786,7 @@ mod tests {
 
     #[test]
     fn shipped_example_config_is_valid() {
-        let text = include_str!("../config/uipoib.toml");
+        let text = include_str!("../../config/uipoib.toml");
         let c = Config::from_file_config(FileConfig::parse(text).unwrap()).unwrap();
         assert_eq!(c.device, "rxe0");
         assert_eq!(c.qkey, DEFAULT_QKEY);

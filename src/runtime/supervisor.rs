@@ -43,13 +43,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, select, unbounded};
 use serde::{Deserialize, Serialize};
 
-use crate::config::RestartPolicy;
-use crate::datapath::{
-    FLUSH_DEADLINE, Failure, Interface, KeptEndpoint, OpenError, Params, Teardown,
-};
-use crate::neigh::Neighbours;
-use crate::poller::{Exit, Poller, SpawnFailed};
-use crate::stats::{self, Snapshot, Stats};
+use crate::iface::neigh::Neighbours;
+use crate::iface::stats::{self, Snapshot, Stats};
+use crate::iface::{FLUSH_DEADLINE, Failure, Interface, KeptEndpoint, OpenError, Params, Teardown};
+use crate::runtime::config::RestartPolicy;
+use crate::runtime::poller::{Exit, Poller, SpawnFailed};
 use crate::tap::TapDevice;
 use crate::verbs::retire::{self, RETIRE_GRACE, Reaper};
 use crate::verbs::{Provider, VerbsError};

@@ -1,7 +1,7 @@
 //! When an armed fault fires: a pure schedule over the operations the fault watches.
 //!
 //! Each fault watches one kind of operation (a `poll_cq` call, a completion, a posted
-//! work request; see [`crate::faults::FaultKind::operation`]). The decorator calls
+//! work request; see [`crate::verbs::fault::FaultKind::operation`]). The decorator calls
 //! [`Schedule::on_op`] once per such operation with the current time; the schedule says
 //! whether this operation is hit. It counts, draws seeded random numbers and compares
 //! times; it never reads a clock itself, so tests drive it with any `now`.

@@ -34,12 +34,12 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use serde_json::{Map, Value, json};
 
-use crate::faults::{FaultKind, FaultSpec};
-use crate::stats::Stats;
-use crate::supervisor::Command;
-pub use crate::supervisor::Status;
-use crate::sys;
+use crate::iface::stats::Stats;
+use crate::runtime::supervisor::Command;
+pub use crate::runtime::supervisor::Status;
+use crate::runtime::sys;
 use crate::verbs::fault::FaultSwitch;
+use crate::verbs::fault::{FaultKind, FaultSpec};
 
 /// Longest request line accepted: the largest request (an `inject` with every field)
 /// is a few hundred bytes, so 64 KiB is generous and bounds what one client costs.
@@ -697,7 +697,7 @@ pub fn request_json(path: &Path, req: &Value) -> Result<Value, ControlError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stats::{self, DropReason};
+    use crate::iface::stats::{self, DropReason};
 
     /// A fresh directory of this test's own (mode 0700, whatever the umask).
     fn tmp_dir(tag: &str) -> PathBuf {

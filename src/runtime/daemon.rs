@@ -12,11 +12,11 @@ use std::sync::{Arc, Mutex};
 use crossbeam_channel::{Receiver, select, unbounded};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
-use crate::config::Config;
-use crate::control::{ControlError, ControlServer};
-use crate::datapath::{Interface, OpenError, Params};
-use crate::stats::Stats;
-use crate::supervisor::{SHUTDOWN_BOUND, Setup, Status, Supervisor};
+use crate::iface::stats::Stats;
+use crate::iface::{Interface, OpenError};
+use crate::runtime::config::Config;
+use crate::runtime::control::{ControlError, ControlServer};
+use crate::runtime::supervisor::{SHUTDOWN_BOUND, Setup, Status, Supervisor};
 use crate::tap::{Tap, TapDevice, TapError};
 use crate::verbs::Provider;
 use crate::verbs::fault::FaultyProvider;
@@ -62,7 +62,7 @@ pub struct Spec {
 #[derive(Debug)]
 pub struct Outcome {
     /// Per interface: name, final counters, last teardown's ledger verdict.
-    pub interfaces: Vec<(String, crate::stats::Snapshot, Result<(), String>)>,
+    pub interfaces: Vec<(String, crate::iface::stats::Snapshot, Result<(), String>)>,
 }
 
 impl Outcome {
@@ -173,7 +173,7 @@ fn start(spec: &Spec, provider: Arc<dyn Provider>) -> Result<Running, DaemonErro
     let faults = faulty.switch();
     let provider: Arc<dyn Provider> = Arc::new(faulty);
     let stats = Arc::new(Stats::default());
-    let params = Params::from_config(c);
+    let params = c.interface_params();
     let iface = Interface::open(provider.as_ref(), &params, stats.clone(), 1, &mut None).map_err(
         |source| DaemonError::Open {
             tap: c.tap.clone(),
@@ -232,5 +232,5 @@ fn start(spec: &Spec, provider: Arc<dyn Provider>) -> Result<Running, DaemonErro
 
 /// The control socket path for the CLI: `--control`, else the TAP's default.
 pub fn control_path(tap: Option<&str>, control: Option<PathBuf>) -> Option<PathBuf> {
-    control.or_else(|| tap.map(crate::config::default_control_path))
+    control.or_else(|| tap.map(crate::runtime::config::default_control_path))
 }

@@ -26,9 +26,9 @@ use crossbeam_channel::Sender;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use crate::datapath::{Failure, Interface};
-use crate::napi::{Action, Napi, TxGate};
-use crate::stats;
+use crate::iface::napi::{Action, Napi, TxGate};
+use crate::iface::stats;
+use crate::iface::{Failure, Interface};
 use crate::tap::TapDevice;
 use crate::verbs::{AsyncEvent, CqKind, Endpoint};
 
@@ -394,7 +394,7 @@ fn gid_check(name: &str, ep: &mut dyn Endpoint) -> Result<(), Failure> {
 /// pollers across restarts): each publish adds only what is new.
 #[derive(Default)]
 struct Published {
-    napi: crate::napi::NapiCounters,
+    napi: crate::iface::napi::NapiCounters,
     backpressure: u64,
 }
 

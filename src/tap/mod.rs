@@ -1,6 +1,6 @@
 //! The TAP device: the ordinary IP interface users see.
 //!
-//! Opened with `IFF_TAP | IFF_NO_PI` (src/sys.rs), non-blocking, and configured with
+//! Opened with `IFF_TAP | IFF_NO_PI` ([`sys`]), non-blocking, and configured with
 //! iproute2: the MAC that stands for this interface's IPoIB address, the IPoIB MTU, the
 //! address, link up. IPv6 is switched off on it, because this datapath does not carry
 //! IPv6 yet and the kernel would otherwise keep sending router and listener solicitations
@@ -13,17 +13,17 @@
 //!
 //! The TAP outlives the verbs objects: it stays up across a restart of the interface.
 
+pub mod sys;
+
 use std::fs::File;
 use std::io::{self, IoSlice, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
-use crate::config::Ipv4Cidr;
-use crate::datapath::FrameIo;
-use crate::stats::{self, Stats};
 use crate::wire::eth::Mac;
 use crate::wire::gso::{self, Coalescer, FrameSink, Plan, VNET_HDR_LEN, VnetHdr};
+use crate::wire::ipv4::Ipv4Cidr;
 
 /// A TAP failure, naming the step.
 #[derive(Debug, thiserror::Error)]
@@ -59,7 +59,7 @@ pub struct Tap {
     /// With offloads: received frames joined before they are written.
     gro: Option<Mutex<Gro>>,
     netns: Mutex<Option<String>>,
-    stats: Option<Arc<Stats>>,
+    stats: Option<Arc<dyn OffloadCounters>>,
 }
 
 /// The receive side's coalescer and the frames it failed to write since the last flush.
@@ -100,6 +100,30 @@ fn bad_offload(e: crate::wire::WireError) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e)
 }
 
+/// Frames in and out of the TAP. Implemented by the real TAP device and by test doubles.
+pub trait FrameIo: Send + Sync {
+    /// Read one Ethernet frame; `WouldBlock` when none is waiting.
+    fn read_frame(&self, buf: &mut [u8]) -> io::Result<usize>;
+    /// Write one Ethernet frame (a TAP with offloads may hold it back to join it with the
+    /// next ones, until [`FrameIo::flush`]).
+    fn write_frame(&self, frame: &[u8]) -> io::Result<usize>;
+    /// Write out the frames held back; returns how many frames, since the last call, were
+    /// accepted by `write_frame` but then could not be written.
+    fn flush(&self) -> usize {
+        0
+    }
+}
+
+/// Where a TAP counts its offload work: TCP super-frames cut into segments on the way
+/// out, received frames joined into super-frames on the way in. The interface's counters
+/// implement it.
+pub trait OffloadCounters: Send + Sync {
+    /// `frames` super-frames from the TAP were cut into `segments` segments.
+    fn segmented(&self, frames: u64, segments: u64);
+    /// `frames` super-frames were written to the TAP, joined from `segments` frames.
+    fn coalesced(&self, frames: u64, segments: u64);
+}
+
 /// What the poller and the supervisor need of a TAP: frames, a descriptor to wait on,
 /// and the carrier.
 pub trait TapDevice: FrameIo {
@@ -116,11 +140,10 @@ pub trait TapDevice: FrameIo {
 impl Tap {
     /// Create (or attach to) the TAP named `name`.
     pub fn create(name: &str, offload: bool) -> Result<Tap, TapError> {
-        let (fd, real) =
-            crate::sys::tap_open(name, offload).map_err(|source| TapError::Create {
-                name: name.to_string(),
-                source,
-            })?;
+        let (fd, real) = sys::tap_open(name, offload).map_err(|source| TapError::Create {
+            name: name.to_string(),
+            source,
+        })?;
         Ok(Tap {
             file: File::from(fd),
             name: real,
@@ -145,7 +168,7 @@ impl Tap {
     }
 
     /// Count offload work (super-frames cut and joined) in `stats`.
-    pub fn with_stats(mut self, stats: Arc<Stats>) -> Tap {
+    pub fn with_stats(mut self, stats: Arc<dyn OffloadCounters>) -> Tap {
         self.stats = Some(stats);
         self
     }
@@ -292,8 +315,7 @@ impl FrameIo for Tap {
             gso::GSO_TCPV4 => {
                 let p = gso::plan(frame, &hdr).map_err(bad_offload)?;
                 if let Some(s) = &self.stats {
-                    stats::add(&s.tso_frames, 1);
-                    stats::add(&s.tso_segments, p.segments as u64);
+                    s.segmented(1, p.segments as u64);
                 }
                 o.len = n;
                 if p.segments > 1 {
@@ -335,8 +357,7 @@ impl FrameIo for Tap {
         if let Some(s) = &self.stats
             && now != before
         {
-            stats::add(&s.gro_frames, now.0 - before.0);
-            stats::add(&s.gro_segments, now.1 - before.1);
+            s.coalesced(now.0 - before.0, now.1 - before.1);
         }
         g.reported = now;
         std::mem::take(&mut g.lost)
@@ -349,7 +370,7 @@ impl TapDevice for Tap {
     }
 
     fn set_carrier(&self, on: bool) -> io::Result<()> {
-        crate::sys::tun_set_carrier(self.file.as_raw_fd(), on)
+        sys::tun_set_carrier(self.file.as_raw_fd(), on)
     }
 
     fn reconfigure(&self, mac: Mac, mtu: usize) -> Result<(), TapError> {

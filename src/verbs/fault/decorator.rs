@@ -46,11 +46,11 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use super::{
+use super::{Fault, FaultKind, FaultSpec, Schedule, SplitMix64, Trigger};
+use crate::verbs::{
     AhHandle, AsyncEvent, Completion, CqKind, Endpoint, EndpointAttrs, EndpointConfig, Gid,
     PostRecvError, PostSendError, Provider, RecvWr, SendWr, VerbsError, WcStatus,
 };
-use crate::faults::{Fault, FaultKind, FaultSpec, Schedule, SplitMix64, Trigger};
 
 /// Injections kept for [`FaultSwitch::injections`] (older ones are forgotten; the total
 /// keeps counting).
@@ -914,7 +914,7 @@ impl Endpoint for FaultyEndpoint {
         self.inner.maintain()
     }
 
-    fn reaper(&self) -> Option<Arc<dyn super::retire::Reaper>> {
+    fn reaper(&self) -> Option<Arc<dyn crate::verbs::retire::Reaper>> {
         self.inner.reaper()
     }
 
@@ -980,7 +980,7 @@ impl FaultyEndpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::faults::CqSel;
+    use crate::verbs::fault::CqSel;
     use crate::verbs::sim::SimFabric;
     use crate::verbs::{Dest, GRH_LEN};
     use std::net::Ipv4Addr;

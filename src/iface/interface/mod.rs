@@ -1,0 +1,562 @@
+//! One interface's datapath: an [`Endpoint`], its work-request [`Ledger`], its
+//! [`Neighbours`] and the translation between TAP Ethernet frames and IPoIB.
+//!
+//! An [`Interface`] is driven by the poller (`crate::runtime::poller`): it never reads a clock or
+//! waits; `now` comes in as an argument. Every packet that is not carried is counted in
+//! [`Stats`] under its [`DropReason`]. An [`Interface`] is moved by value: the poller
+//! owns it while it runs, and hands it whole to the supervisor when a poll fails.
+
+mod rx;
+mod teardown;
+mod tx;
+
+use teardown::forget_ahs;
+pub use teardown::{KeptEndpoint, Teardown};
+
+use std::io;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::iface::ledger::{Ledger, Ring, SendMeta};
+use crate::iface::neigh::{Learned, Neighbours, Seen, Trust};
+use crate::iface::stats::{self, DropReason, Stats};
+use crate::tap::FrameIo;
+use crate::verbs::{
+    AhHandle, Completion, CqKind, Dest, Endpoint, EndpointConfig, GRH_LEN, Gid, MULTICAST_QPN,
+    Provider, RecvWr, SendWr, VerbsError, WcStatus,
+};
+use crate::wire::arp::{self, EthArp, IpoibArp};
+use crate::wire::eth::{self, EthHeader, Mac, mac_for_gid, multicast_mac};
+use crate::wire::ipoib::{self, IpoibAddr};
+use crate::wire::ipv4::Ipv4Cidr;
+use crate::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6, WireError, grh, ipv4};
+
+/// How long a teardown waits for flush completions after moving the QP to error.
+pub const FLUSH_DEADLINE: Duration = Duration::from_millis(200);
+
+/// What an interface needs to know besides its endpoint.
+#[derive(Clone, Debug)]
+pub struct Params {
+    /// Interface address and subnet.
+    pub addr: Ipv4Cidr,
+    /// IPoIB MTU (IP packet size); `None`: the port's active MTU minus 4.
+    pub mtu: Option<u32>,
+    /// Q_Key.
+    pub qkey: u32,
+    /// Broadcast group.
+    pub group: Gid,
+    /// Receive completions per poll.
+    pub budget: u32,
+    /// Completions per `poll_cq` call.
+    pub poll_batch: u32,
+    /// Frames read from the TAP per turn.
+    pub tx_batch: u32,
+    /// Endpoint to open.
+    pub endpoint: EndpointConfig,
+    /// Neighbour table capacity.
+    pub neigh_capacity: u32,
+    /// Neighbour max age.
+    pub neigh_max_age: Duration,
+    /// Send-stall watchdog: sends outstanding and no send completion for this long
+    /// restarts the interface.
+    pub tx_timeout: Duration,
+}
+
+/// A peer being sent to that has been silent this long is re-resolved by ARP (it may
+/// have restarted at a new QPN and its announcement been lost).
+pub const PEER_SILENT_PROBE: Duration = Duration::from_secs(3);
+
+/// Why an interface could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The device refused.
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    /// The MTU asked for is more than the path carries.
+    #[error(
+        "invalid mtu: {asked} exceeds what the path can carry (port active MTU {port_mtu} - 4 = {max})"
+    )]
+    Mtu {
+        /// MTU asked for.
+        asked: u32,
+        /// The port's active MTU.
+        port_mtu: u32,
+        /// Largest IPoIB MTU.
+        max: u32,
+    },
+}
+
+/// Why an interface was torn down or failed; what the supervisor is told.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    /// A CQ poll failed. Never retried.
+    #[error("completion queue poll failed: {0}")]
+    PollFailed(VerbsError),
+    /// Another verb failed in a way the datapath cannot continue from.
+    #[error("verbs failure: {0}")]
+    Verbs(VerbsError),
+    /// A fatal asynchronous event.
+    #[error("fatal asynchronous event: {0:?}")]
+    AsyncFatal(crate::verbs::AsyncEvent),
+    /// The poller's own I/O (epoll) failed.
+    #[error("poller I/O failed: {0}")]
+    Io(io::Error),
+    /// Sends outstanding and no send completion for the watchdog's time.
+    #[error("send stall: {outstanding} sends outstanding, no send completion for {since:?}")]
+    TxStall {
+        /// Sends outstanding.
+        outstanding: u64,
+        /// Time since the last send completion.
+        since: Duration,
+    },
+    /// An operator asked for a restart.
+    #[error("operator requested a restart")]
+    Operator,
+    /// Flush completions outside a teardown: the QP is in the error state (with or
+    /// without an async event), and only a rebuild recovers it.
+    #[error("the QP is in the error state ({0} work requests flushed)")]
+    QpError(u64),
+    /// The port's GID table changed and our GID (or its index) with it.
+    #[error("our GID changed: {was} when opened, {now} now")]
+    GidChanged {
+        /// GID and index when the endpoint was opened.
+        was: String,
+        /// What the endpoint would choose now (`none` when no usable GID is left).
+        now: String,
+    },
+    /// The poller thread panicked; the interface went with it.
+    #[error("the poller thread panicked: {0}")]
+    PollerPanicked(String),
+    /// A new poller could not be started on a rebuilt interface.
+    #[error("starting the poller failed: {0}")]
+    PollerStart(String),
+}
+
+impl Failure {
+    /// Short name of the cause, for status and reports.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Failure::PollFailed(_) => "poll-failed",
+            Failure::Verbs(_) => "verbs-error",
+            Failure::AsyncFatal(crate::verbs::AsyncEvent::DeviceRemoved) => "device-removed",
+            Failure::AsyncFatal(crate::verbs::AsyncEvent::DeviceFatal) => "device-fatal",
+            Failure::AsyncFatal(_) => "async-fatal",
+            Failure::Io(_) => "poller-io",
+            Failure::TxStall { .. } => "tx-stall",
+            Failure::Operator => "operator",
+            Failure::QpError(_) => "qp-error",
+            Failure::GidChanged { .. } => "gid-changed",
+            Failure::PollerPanicked(_) => "poller-panicked",
+            Failure::PollerStart(_) => "poller-start",
+        }
+    }
+
+    /// Whether the device itself is gone or broken (close it and wait for it to return).
+    pub fn device_lost(&self) -> bool {
+        matches!(
+            self,
+            Failure::AsyncFatal(
+                crate::verbs::AsyncEvent::DeviceRemoved | crate::verbs::AsyncEvent::DeviceFatal
+            )
+        )
+    }
+}
+
+/// Allows a bounded number of log lines per second (for peer-triggerable messages).
+#[derive(Debug)]
+pub struct RateLimit {
+    window: Option<Instant>,
+    used: u32,
+    per_sec: u32,
+}
+
+impl RateLimit {
+    /// At most `per_sec` lines per second.
+    pub fn new(per_sec: u32) -> Self {
+        RateLimit {
+            window: None,
+            used: 0,
+            per_sec,
+        }
+    }
+
+    /// Whether a line may be logged now.
+    pub fn allow(&mut self, now: Instant) -> bool {
+        match self.window {
+            Some(w) if now.saturating_duration_since(w) < Duration::from_secs(1) => {}
+            _ => {
+                self.window = Some(now);
+                self.used = 0;
+            }
+        }
+        if self.used < self.per_sec {
+            self.used += 1;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Where the time of [`Interface::open`] / [`Interface::reopen`] went.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenTimes {
+    /// Opening the endpoint (device context, PD, memory registration, channel, CQs, QP);
+    /// zero for a kept endpoint.
+    pub open: Duration,
+    /// Creating the broadcast group's address handle.
+    pub ah: Duration,
+    /// Attaching the QP to the broadcast group (and the IP-level join on RoCE).
+    pub attach: Duration,
+    /// Posting the receive ring.
+    pub fill: Duration,
+    /// Receives posted.
+    pub posted: usize,
+}
+
+/// One interface. See the module docs.
+pub struct Interface {
+    ep: Box<dyn Endpoint>,
+    ledger: Ledger,
+    neigh: Neighbours,
+    stats: Arc<Stats>,
+    addr: Ipv4Cidr,
+    mtu: usize,
+    qkey: u32,
+    group: Gid,
+    group_ah: AhHandle,
+    group_attached: bool,
+    own_hw: IpoibAddr,
+    own_mac: Mac,
+    budget: usize,
+    poll_batch: usize,
+    tx_batch: usize,
+    wc: Vec<Completion>,
+    frame: Vec<u8>,
+    chain: Vec<SendWr>,
+    chain_meta: Vec<SendMeta>,
+    /// Receives to post as one chain (capacity: the receive ring).
+    recv_chain: Vec<RecvWr>,
+    destroy: Vec<AhHandle>,
+    probe: Vec<Ipv4Addr>,
+    log: RateLimit,
+    tx_timeout: Duration,
+    /// Set while `shutdown` drains flushes (expected then).
+    draining: bool,
+    /// Set when a `poll_cq` of this epoch failed (or a post left unknown what was posted,
+    /// or the QP could not be moved to the error state): no CQ of this epoch is polled again (not even by the teardown's drain),
+    /// and the QP is destroyed before anything it may own is reaped or re-posted.
+    untrusted: bool,
+    /// A verb failed in a way that leaves the ledger unsure of what was posted (a
+    /// `bad_wr` outside the chain): the next call from the poller hands over.
+    broken: Option<VerbsError>,
+    /// Flush completions seen outside a teardown since the last check.
+    unexpected_flushes: u64,
+    /// Where the time of this epoch's open went.
+    open_times: OpenTimes,
+}
+
+impl Interface {
+    /// Open the endpoint, join the broadcast group and post the receive ring.
+    /// `neigh` carries the neighbour table over from a previous epoch (its AHs were
+    /// destroyed with that epoch's endpoint).
+    pub fn open(
+        provider: &dyn Provider,
+        p: &Params,
+        stats: Arc<Stats>,
+        epoch: u16,
+        neigh: &mut Option<Neighbours>,
+    ) -> Result<Interface, OpenError> {
+        let start = Instant::now();
+        let ep = provider.open(&p.endpoint)?;
+        let opened = start.elapsed();
+        Self::on_endpoint(ep, None, opened, p, stats, epoch, neigh)
+    }
+
+    /// Like [`Interface::open`] on an endpoint kept from the previous epoch by
+    /// [`Interface::recycle`] (its QP and CQs are new; context, PD, memory and channel
+    /// are the old ones), with the neighbour table `recycle` returned (whose address
+    /// handles live on that endpoint). On failure the endpoint is closed and the table
+    /// forgets its AHs.
+    pub fn reopen(
+        kept: KeptEndpoint,
+        p: &Params,
+        stats: Arc<Stats>,
+        epoch: u16,
+        neigh: &mut Option<Neighbours>,
+    ) -> Result<Interface, OpenError> {
+        let st = stats.clone();
+        let r = Self::on_endpoint(
+            kept.ep,
+            Some(kept.group_ah),
+            Duration::ZERO,
+            p,
+            stats,
+            epoch,
+            neigh,
+        );
+        if r.is_err() {
+            // The endpoint was closed with its AHs; the neighbours still name theirs
+            // unless the table went with a failed epoch.
+            forget_ahs(neigh.as_mut(), &st);
+        }
+        r
+    }
+
+    /// Where the time of this epoch's open went.
+    pub fn open_times(&self) -> OpenTimes {
+        self.open_times
+    }
+
+    fn on_endpoint(
+        mut ep: Box<dyn Endpoint>,
+        group_ah: Option<AhHandle>,
+        opened: Duration,
+        p: &Params,
+        stats: Arc<Stats>,
+        epoch: u16,
+        neigh: &mut Option<Neighbours>,
+    ) -> Result<Interface, OpenError> {
+        let mut times = OpenTimes {
+            open: opened,
+            ..OpenTimes::default()
+        };
+        let a = ep.attrs().clone();
+        let max_mtu = a.max_payload.saturating_sub(ipoib::HEADER_LEN as u32);
+        let mtu = match p.mtu {
+            Some(m) if m > max_mtu => {
+                return Err(OpenError::Mtu {
+                    asked: m,
+                    port_mtu: a.port_mtu,
+                    max: a.port_mtu.saturating_sub(4),
+                });
+            }
+            Some(m) => m,
+            None => max_mtu,
+        };
+        let t = Instant::now();
+        let group_ah = match group_ah {
+            Some(ah) => ah,
+            None => {
+                let ah = ep.create_ah(&p.group)?;
+                stats::add(&stats.ah_created, 1);
+                ah
+            }
+        };
+        times.ah = t.elapsed();
+        let t = Instant::now();
+        ep.attach_mcast(&p.group)?;
+        times.attach = t.elapsed();
+        let own_hw = IpoibAddr::new(a.qpn, a.gid);
+        let mut iface = Interface {
+            ledger: Ledger::new(epoch, a.recv_slots, a.send_slots),
+            neigh: neigh
+                .take()
+                .unwrap_or_else(|| Neighbours::new(p.neigh_capacity as usize, p.neigh_max_age)),
+            stats,
+            addr: p.addr,
+            mtu: mtu as usize,
+            qkey: p.qkey,
+            group: p.group,
+            group_ah,
+            group_attached: true,
+            own_hw,
+            own_mac: mac_for_gid(&a.gid),
+            budget: p.budget as usize,
+            poll_batch: p.poll_batch.max(1) as usize,
+            tx_batch: p.tx_batch.max(1) as usize,
+            wc: vec![Completion::EMPTY; (p.poll_batch.max(1) as usize).max(a.send_slots as usize)],
+            frame: vec![0; eth::HEADER_LEN + mtu as usize + 64],
+            chain: Vec::with_capacity(a.send_slots as usize),
+            chain_meta: Vec::with_capacity(a.send_slots as usize),
+            recv_chain: Vec::with_capacity(a.recv_slots as usize),
+            destroy: Vec::new(),
+            probe: Vec::new(),
+            log: RateLimit::new(10),
+            tx_timeout: p.tx_timeout,
+            draining: false,
+            untrusted: false,
+            broken: None,
+            unexpected_flushes: 0,
+            open_times: times,
+            ep,
+        };
+        stats::set(&iface.stats.qpn, u64::from(a.qpn));
+        stats::set(&iface.stats.mtu, mtu as u64);
+        stats::set(&iface.stats.recv_ring, u64::from(a.recv_slots));
+        stats::set(&iface.stats.send_ring, u64::from(a.send_slots));
+        let t = Instant::now();
+        match iface.fill_recv() {
+            Ok(n) => iface.open_times.posted = n,
+            Err(e) => {
+                // Receives posted before the failure are reaped with the endpoint.
+                let _ = iface.shutdown(Duration::ZERO);
+                return Err(e.into());
+            }
+        }
+        iface.open_times.fill = t.elapsed();
+        iface.sync_gauges();
+        if opened.is_zero() {
+            // On a kept endpoint: the supervisor's summary line follows.
+            tracing::debug!(qpn = a.qpn, epoch, "interface open on the kept endpoint");
+        } else {
+            tracing::info!(
+                device = %a.device, port = a.port, qpn = a.qpn, gid = %a.gid, gid_index = a.gid_index,
+                mtu, port_mtu = a.port_mtu, group = %p.group, epoch,
+                "interface open"
+            );
+        }
+        Ok(iface)
+    }
+
+    /// The endpoint (for registration with the poller).
+    pub fn endpoint_mut(&mut self) -> &mut dyn Endpoint {
+        self.ep.as_mut()
+    }
+
+    /// Own IPoIB address (QPN + GID).
+    pub fn hw_addr(&self) -> IpoibAddr {
+        self.own_hw
+    }
+
+    /// The MAC the TAP must carry.
+    pub fn mac(&self) -> Mac {
+        self.own_mac
+    }
+
+    /// The IPoIB MTU (the TAP's MTU).
+    pub fn mtu(&self) -> usize {
+        self.mtu
+    }
+
+    /// Receive completions per poll.
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
+    /// The ledger (for checks).
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// The neighbour table.
+    pub fn neighbours(&self) -> &Neighbours {
+        &self.neigh
+    }
+
+    /// Free send slots.
+    pub fn free_send_slots(&self) -> usize {
+        self.ledger.free_send()
+    }
+
+    fn sync_gauges(&self) {
+        let s = &self.stats;
+        stats::set(
+            &s.recv_outstanding,
+            self.ledger.totals(Ring::Recv).outstanding,
+        );
+        stats::set(
+            &s.send_outstanding,
+            self.ledger.totals(Ring::Send).outstanding,
+        );
+        stats::set(&s.neigh_entries, self.neigh.len() as u64);
+    }
+
+    /// Post every free receive slot, as one chain (one `ibv_post_recv`).
+    pub fn fill_recv(&mut self) -> Result<usize, VerbsError> {
+        self.recv_chain.clear();
+        while self.recv_chain.len() < self.recv_chain.capacity()
+            && let Some(slot) = self.ledger.reserve_recv()
+        {
+            let wr_id = self.ledger.wr_id(Ring::Recv, slot);
+            self.recv_chain.push(RecvWr { wr_id, slot });
+        }
+        if self.recv_chain.is_empty() {
+            return Ok(0);
+        }
+        let res = self.ep.post_recv_chain(&self.recv_chain);
+        let n = match &res {
+            Ok(()) => self.recv_chain.len(),
+            Err(e) => e.posted.min(self.recv_chain.len()),
+        };
+        for w in &self.recv_chain[..n] {
+            self.ledger.posted_recv(w.slot);
+        }
+        // Not posted: back to free.
+        for w in &self.recv_chain[n..] {
+            self.ledger.release(Ring::Recv, w.slot);
+        }
+        self.recv_chain.clear();
+        // What was posted before a failure is in the ledger: count it too.
+        stats::add(&self.stats.recv_posted, n as u64);
+        res.map(|()| n).map_err(|e| e.error)
+    }
+
+    /// Periodic work: age neighbours and destroy their idle AHs, re-resolve peers that
+    /// went silent while in use, and run the send-stall watchdog.
+    pub fn housekeeping(&mut self, now: Instant) -> Result<(), Failure> {
+        // The next restart's QP and CQs are made ahead (a failure is counted; it does not
+        // stop the datapath, and a renewal makes what is missing). The previous epoch's
+        // are destroyed by the supervisor's reaper thread, never here: a destroy can
+        // block for a second.
+        if let Err(e) = self.ep.maintain() {
+            stats::add(&self.stats.teardown_errors, 1);
+            tracing::warn!(error = %e, "endpoint maintenance (retired or spare QP and CQs) failed");
+        }
+        let before = self.neigh.evicted();
+        self.neigh.expire(now, &mut self.destroy);
+        stats::add(&self.stats.neigh_evicted, self.neigh.evicted() - before);
+        self.release_ahs();
+        let mut probe = std::mem::take(&mut self.probe);
+        self.neigh
+            .silent_in_use(now, PEER_SILENT_PROBE, PEER_SILENT_PROBE, &mut probe);
+        for ip in probe.drain(..) {
+            self.resolve(ip, now);
+        }
+        self.probe = probe;
+        self.flush_chain(now);
+        self.check_broken()?;
+        self.sync_gauges();
+        // The watchdog measures from the oldest send still outstanding, so one lost
+        // completion is caught even while other sends keep completing.
+        let outstanding = self.ledger.totals(Ring::Send).outstanding;
+        if let Some(oldest) = self.ledger.oldest_send()
+            && now.saturating_duration_since(oldest) >= self.tx_timeout
+        {
+            return Err(Failure::TxStall {
+                outstanding,
+                since: now.saturating_duration_since(oldest),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether a `poll_cq` of this epoch failed or the QP can otherwise not be trusted to
+    /// have finished with its slots (then none of its CQs is polled again, and the QP is
+    /// destroyed before its work requests are reaped).
+    pub fn untrusted(&self) -> bool {
+        self.untrusted
+    }
+
+    /// The one place that calls `poll_cq`. After a failed poll it refuses, so nothing of
+    /// this epoch can poll again.
+    fn poll(&mut self, cq: CqKind, want: usize) -> Result<usize, Failure> {
+        if self.untrusted {
+            return Err(Failure::PollFailed(VerbsError::PollFailed { cq, ret: 0 }));
+        }
+        self.ep.poll_cq(cq, &mut self.wc[..want]).map_err(|e| {
+            self.untrusted = true;
+            Failure::PollFailed(e)
+        })
+    }
+
+    fn outstanding(&self) -> u64 {
+        self.ledger.totals(Ring::Recv).outstanding + self.ledger.totals(Ring::Send).outstanding
+    }
+}

@@ -1,0 +1,371 @@
+//! The send path: frames from the TAP translated and posted, ARP answered and resolved,
+//! send completions polled and their slots and address handles freed.
+
+use super::*;
+
+impl Interface {
+    /// Reap send completions. Returns how many.
+    pub fn poll_tx(&mut self, now: Instant) -> Result<usize, Failure> {
+        let mut done = 0;
+        loop {
+            let want = self.wc.len();
+            let n = self.poll(CqKind::Send, want)?;
+            for i in 0..n {
+                let c = self.wc[i];
+                self.on_send_done(c, now);
+            }
+            done += n;
+            if n < want {
+                break;
+            }
+        }
+        self.release_ahs();
+        if done > 0 {
+            self.sync_gauges();
+        }
+        self.check_flushes()?;
+        Ok(done)
+    }
+
+    pub(super) fn release_ahs(&mut self) {
+        while let Some(ah) = self.destroy.pop() {
+            match self.ep.destroy_ah(ah) {
+                Ok(()) => stats::add(&self.stats.ah_destroyed, 1),
+                Err(e) => {
+                    stats::add(&self.stats.teardown_errors, 1);
+                    tracing::warn!(error = %e, "destroying an address handle failed");
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_send_done(&mut self, c: Completion, now: Instant) {
+        let acc = match self.ledger.complete(Ring::Send, c.wr_id, c.status) {
+            Ok(a) => a,
+            Err(e) => {
+                stats::add(&self.stats.completions_rejected, 1);
+                if self.log.allow(now) {
+                    tracing::warn!(error = %e, "send completion rejected by the ledger");
+                }
+                return;
+            }
+        };
+        let meta = acc.send.unwrap_or_default();
+        match c.status {
+            WcStatus::Success => {
+                stats::add(&self.stats.send_completed, 1);
+                stats::add(&self.stats.tx_packets, 1);
+                stats::add(&self.stats.tx_bytes, u64::from(meta.bytes));
+            }
+            WcStatus::Flushed => {
+                stats::add(&self.stats.send_flushed, 1);
+                self.stats.count_drop(DropReason::TxFlushed);
+                if !self.draining {
+                    self.unexpected_flushes += 1;
+                }
+            }
+            WcStatus::Error(code) => {
+                stats::add(&self.stats.send_completed, 1);
+                self.stats.count_drop(DropReason::TxCompletionError);
+                if self.log.allow(now) {
+                    tracing::warn!(status = code, "send completed with an error");
+                }
+            }
+        }
+        if let Some(ah) = meta.ah
+            && let Some(ah) = self.neigh.send_finished(ah)
+        {
+            self.destroy.push(ah);
+        }
+    }
+
+    /// Read frames from the TAP while the send ring has room (at most one batch), and
+    /// post them as one chain. Returns frames taken from the TAP. `Ok` with the TAP
+    /// drained is signalled through `gate`.
+    pub fn tx_from_tap(
+        &mut self,
+        tap: &dyn FrameIo,
+        gate: &mut crate::iface::napi::TxGate,
+        now: Instant,
+    ) -> Result<usize, Failure> {
+        let mut taken = 0;
+        while taken < self.tx_batch && gate.may_read(self.ledger.free_send()) {
+            let n = match tap.read_frame(&mut self.frame) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    gate.on_drained();
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                    // A frame the TAP layer could not turn into frames (a bad offload
+                    // request): dropped and counted, the next one is read.
+                    taken += 1;
+                    self.stats.count_drop(DropReason::TxBadOffload);
+                    if self.log.allow(now) {
+                        tracing::warn!(error = %e, "a frame from the TAP was dropped");
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    // The TAP itself failing is not a verbs failure: count and stop this
+                    // turn; the loop will try again on the next readiness.
+                    gate.on_drained();
+                    if self.log.allow(now) {
+                        tracing::warn!(error = %e, "reading the TAP failed");
+                    }
+                    break;
+                }
+            };
+            taken += 1;
+            if let Err(reason) = self.tx_frame(n, now) {
+                self.stats.count_drop(reason);
+            }
+        }
+        self.flush_chain(now);
+        self.check_broken()?;
+        Ok(taken)
+    }
+
+    /// Translate the frame in `self.frame[..n]` into a send on the chain.
+    pub(super) fn tx_frame(&mut self, n: usize, now: Instant) -> Result<(), DropReason> {
+        let (h, payload) = match eth::parse_frame(&self.frame[..n]) {
+            Ok(x) => x,
+            Err(WireError::Vlan) => return Err(DropReason::TxVlan),
+            Err(_) => return Err(DropReason::TxShort),
+        };
+        match h.ethertype {
+            ETHERTYPE_IPV4 => {
+                if payload.len() > self.mtu {
+                    return Err(DropReason::TxOversized);
+                }
+                let sum = ipv4::parse_summary(payload).map_err(|_| DropReason::TxBadIpv4)?;
+                let plen = payload.len();
+                let dest = if h.dst.is_multicast() {
+                    self.group_dest()
+                } else {
+                    match self.unicast_dest(&h.dst, now) {
+                        Ok(d) => d,
+                        Err(DropReason::TxNoNeighbour) => {
+                            self.resolve(sum.dst, now);
+                            return Err(DropReason::TxNoNeighbour);
+                        }
+                        Err(r) => return Err(r),
+                    }
+                };
+                let slot = self.ledger.reserve_send().ok_or(DropReason::TxPostFailed)?;
+                let sbuf = self.ep.send_buf(slot);
+                // The header cannot fail: the slot holds max_payload >= mtu + 4 bytes.
+                let _ = ipoib::emit_header(sbuf, ETHERTYPE_IPV4);
+                sbuf[ipoib::HEADER_LEN..ipoib::HEADER_LEN + plen]
+                    .copy_from_slice(&self.frame[eth::HEADER_LEN..eth::HEADER_LEN + plen]);
+                self.push_send(slot, plen, dest, false);
+                Ok(())
+            }
+            ETHERTYPE_ARP => {
+                let a = EthArp::parse(payload).map_err(|_| DropReason::TxBadArp)?;
+                self.tx_arp(&h, &a, now)
+            }
+            ETHERTYPE_IPV6 => Err(DropReason::TxIpv6),
+            _ => Err(DropReason::TxUnsupported),
+        }
+    }
+
+    pub(super) fn tx_arp(
+        &mut self,
+        h: &EthHeader,
+        a: &EthArp,
+        now: Instant,
+    ) -> Result<(), DropReason> {
+        let tha = if a.tha == self.own_mac {
+            self.own_hw
+        } else {
+            self.neigh
+                .by_mac(&a.tha)
+                .map(|p| p.hw)
+                .unwrap_or(IpoibAddr::ZERO)
+        };
+        if a.op == arp::OP_REPLY && tha.is_zero() {
+            return Err(DropReason::TxNoNeighbour);
+        }
+        let dest = if h.dst.is_multicast() {
+            self.group_dest()
+        } else {
+            match self.unicast_dest(&h.dst, now) {
+                Ok(d) => d,
+                // A unicast request (the kernel re-validating an entry) to a peer we
+                // lost: ask everyone instead.
+                Err(_) if a.op == arp::OP_REQUEST => self.group_dest(),
+                Err(r) => return Err(r),
+            }
+        };
+        let msg = IpoibArp {
+            op: a.op,
+            sha: self.own_hw,
+            spa: a.spa,
+            tha,
+            tpa: a.tpa,
+        };
+        self.push_arp(&msg, dest)
+    }
+
+    pub(super) fn push_arp(
+        &mut self,
+        msg: &IpoibArp,
+        dest: (Dest, Option<AhHandle>),
+    ) -> Result<(), DropReason> {
+        let slot = self.ledger.reserve_send().ok_or(DropReason::TxPostFailed)?;
+        let sbuf = self.ep.send_buf(slot);
+        let _ = ipoib::emit_header(sbuf, ETHERTYPE_ARP);
+        match msg.emit(&mut sbuf[ipoib::HEADER_LEN..]) {
+            Ok(n) => {
+                stats::add(&self.stats.arp_tx, 1);
+                self.push_send(slot, n, dest, true);
+                Ok(())
+            }
+            Err(_) => {
+                self.ledger.release(Ring::Send, slot);
+                Err(DropReason::TxBadArp)
+            }
+        }
+    }
+
+    /// Ask the broadcast group who has `ip` (rate-limited per address).
+    pub(super) fn resolve(&mut self, ip: Ipv4Addr, now: Instant) {
+        if !self.neigh.should_resolve(ip, now) || self.ledger.free_send() == 0 {
+            return;
+        }
+        let msg = IpoibArp {
+            op: arp::OP_REQUEST,
+            sha: self.own_hw,
+            spa: self.addr.addr,
+            tha: IpoibAddr::ZERO,
+            tpa: ip,
+        };
+        let dest = self.group_dest();
+        if self.push_arp(&msg, dest).is_ok() {
+            stats::add(&self.stats.neigh_resolves, 1);
+        }
+    }
+
+    /// Announce this interface's address (gratuitous ARP to the broadcast group).
+    pub fn announce(&mut self, now: Instant) {
+        let msg = IpoibArp {
+            op: arp::OP_REQUEST,
+            sha: self.own_hw,
+            spa: self.addr.addr,
+            tha: IpoibAddr::ZERO,
+            tpa: self.addr.addr,
+        };
+        let dest = self.group_dest();
+        if let Err(r) = self.push_arp(&msg, dest) {
+            self.stats.count_drop(r);
+        }
+        self.flush_chain(now);
+    }
+
+    pub(super) fn group_dest(&self) -> (Dest, Option<AhHandle>) {
+        (
+            Dest {
+                ah: self.group_ah,
+                qpn: MULTICAST_QPN,
+                qkey: self.qkey,
+            },
+            None,
+        )
+    }
+
+    pub(super) fn unicast_dest(
+        &mut self,
+        mac: &Mac,
+        now: Instant,
+    ) -> Result<(Dest, Option<AhHandle>), DropReason> {
+        let peer = *self.neigh.by_mac(mac).ok_or(DropReason::TxNoNeighbour)?;
+        self.neigh.mark_used(mac, now);
+        let ah = match peer.ah {
+            Some(ah) => ah,
+            None => match self.ep.create_ah(&peer.hw.gid) {
+                Ok(ah) => {
+                    stats::add(&self.stats.ah_created, 1);
+                    self.neigh.set_ah(mac, ah);
+                    ah
+                }
+                Err(e) => {
+                    tracing::warn!(gid = %peer.hw.gid, error = %e, "creating an address handle failed");
+                    return Err(DropReason::TxAhFailed);
+                }
+            },
+        };
+        Ok((
+            Dest {
+                ah,
+                qpn: peer.hw.qpn,
+                qkey: self.qkey,
+            },
+            Some(ah),
+        ))
+    }
+
+    pub(super) fn push_send(
+        &mut self,
+        slot: u32,
+        payload: usize,
+        dest: (Dest, Option<AhHandle>),
+        arp: bool,
+    ) {
+        self.chain.push(SendWr {
+            wr_id: self.ledger.wr_id(Ring::Send, slot),
+            slot,
+            len: (payload + ipoib::HEADER_LEN) as u32,
+            dest: dest.0,
+            signaled: true,
+        });
+        self.chain_meta.push(SendMeta {
+            ah: dest.1,
+            bytes: payload as u32,
+            arp,
+            posted_at: None,
+        });
+    }
+
+    /// Post the pending chain with one call.
+    pub(super) fn flush_chain(&mut self, now: Instant) {
+        if self.chain.is_empty() {
+            return;
+        }
+        let posted = match self.ep.post_send(&self.chain) {
+            Ok(()) => self.chain.len(),
+            Err(e) => {
+                if self.log.allow(now) {
+                    tracing::warn!(error = %e, "posting sends failed");
+                }
+                let posted = e.posted.min(self.chain.len());
+                if let VerbsError::BadWrOutsideChain { .. } = e.error {
+                    // Which of the chain went is unknown: all count as posted (reaped once
+                    // the QP is destroyed) and the interface restarts.
+                    self.broken = Some(e.error);
+                }
+                posted
+            }
+        };
+        for (i, (wr, meta)) in self.chain.iter().zip(self.chain_meta.iter()).enumerate() {
+            if i < posted {
+                let meta = SendMeta {
+                    posted_at: Some(now),
+                    ..*meta
+                };
+                self.ledger.posted_send(wr.slot, meta);
+                if let Some(ah) = meta.ah {
+                    self.neigh.send_started(ah);
+                }
+            } else {
+                self.ledger.release(Ring::Send, wr.slot);
+                self.stats.count_drop(DropReason::TxPostFailed);
+            }
+        }
+        stats::add(&self.stats.send_posted, posted as u64);
+        self.chain.clear();
+        self.chain_meta.clear();
+        self.sync_gauges();
+    }
+}

@@ -1,0 +1,10 @@
+//! The threads and the process: the poller that runs an interface, the supervisor that
+//! restarts it, the control socket, the daemon that wires them together, and the daemon's
+//! configuration.
+
+pub mod config;
+pub mod control;
+pub mod daemon;
+pub mod poller;
+pub mod supervisor;
+pub mod sys;

@@ -1,0 +1,86 @@
+//! The process-level system calls the runtime makes: a signal to a child's process group,
+//! and what the control socket needs (the effective uid, a peer's uid, the umask). Like
+//! the verbs FFI, this module is allowed `unsafe`; every block says why it holds.
+#![allow(unsafe_code)]
+
+use std::io;
+use std::os::fd::RawFd;
+
+/// Send `signal` to the process group `pgid` (a child this process started as the
+/// leader of a group of its own, so that what it runs gets the signal too).
+pub fn kill_group(pgid: u32, signal: libc::c_int) -> io::Result<()> {
+    let pid = libc::pid_t::try_from(pgid)
+        .ok()
+        .filter(|p| *p > 0)
+        .map(|p| -p)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "pgid out of range"))?;
+    // SAFETY: kill(2) takes two integers and touches no memory of this process; a pid
+    // that no longer exists gives ESRCH.
+    let r = unsafe { libc::kill(pid, signal) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The effective user id of this process.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid(2) takes no arguments, touches no memory and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// The user id of the process at the other end of a connected Unix stream socket, as
+/// the kernel recorded it at `connect` (`SO_PEERCRED`): the peer cannot forge it.
+pub fn peer_uid(fd: RawFd) -> io::Result<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED writes at most `len` bytes (the size of a `ucred`) through the
+    // pointer, which points to a live local of that type, and stores the length written
+    // in `len`, another live local; a descriptor that is not a Unix socket gives an
+    // error (EBADF, ENOTSOCK, ENOPROTOOPT) and writes nothing.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if len as usize != std::mem::size_of::<libc::ucred>() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("SO_PEERCRED returned {len} bytes"),
+        ));
+    }
+    Ok(cred.uid)
+}
+
+/// Set the process's file mode creation mask and return the previous one. The mask is
+/// process-wide: prefer [`with_umask`], which holds it only around one call.
+pub fn set_umask(mask: u32) -> u32 {
+    // SAFETY: umask(2) takes an integer, touches no memory and cannot fail.
+    unsafe { libc::umask(mask as libc::mode_t) as u32 }
+}
+
+/// Serialises [`with_umask`] calls, so that two of them on different threads cannot
+/// restore each other's mask.
+static UMASK_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Run `f` with the file mode creation mask set to `mask`, then restore the previous
+/// one. Files other threads create meanwhile get `mask` too, so `f` should be short
+/// (one `bind`).
+pub fn with_umask<T>(mask: u32, f: impl FnOnce() -> T) -> T {
+    let _held = UMASK_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let old = set_umask(mask);
+    let r = f();
+    set_umask(old);
+    r
+}
