@@ -1,0 +1,120 @@
+//! The keys a config file (or the command line) gives: all optional, merged with flags
+//! first.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::ConfigError;
+
+/// The `[interface]` keys of a config file; every field is optional there.
+#[derive(Debug, Default, Deserialize, Clone)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct FileConfig {
+    /// RDMA device name.
+    pub device: Option<String>,
+    /// Port number.
+    pub port: Option<u8>,
+    /// GID index.
+    pub gid_index: Option<u8>,
+    /// TAP name.
+    pub tap: Option<String>,
+    /// Address/prefix.
+    pub addr: Option<String>,
+    /// IPoIB MTU.
+    pub mtu: Option<u32>,
+    /// Poll budget.
+    pub budget: Option<u32>,
+    /// Control socket path.
+    pub control: Option<PathBuf>,
+    /// Receive ring size.
+    pub recv_ring: Option<u32>,
+    /// Send ring size.
+    pub send_ring: Option<u32>,
+    /// Completions per `ibv_poll_cq`.
+    pub poll_batch: Option<u32>,
+    /// Frames per TX turn.
+    pub tx_batch: Option<u32>,
+    /// Q_Key.
+    pub qkey: Option<u32>,
+    /// Broadcast group (IPv4 multicast address or a multicast GID).
+    pub group: Option<String>,
+    /// Neighbour table size.
+    pub neigh_capacity: Option<u32>,
+    /// Neighbour max age in seconds.
+    pub neigh_max_age_secs: Option<u64>,
+    /// Send-stall watchdog in milliseconds.
+    pub tx_timeout_ms: Option<u64>,
+    /// Circuit breaker: restarts allowed within the window.
+    pub restart_max: Option<u32>,
+    /// Circuit breaker window in seconds.
+    pub restart_window_secs: Option<u64>,
+    /// First backoff between failed restart attempts, in milliseconds.
+    pub backoff_initial_ms: Option<u64>,
+    /// Longest backoff, in milliseconds.
+    pub backoff_max_ms: Option<u64>,
+    /// TAP checksum and TCP segmentation offload (`IFF_VNET_HDR`).
+    pub tap_offload: Option<bool>,
+    /// Serve fault injection on the control socket.
+    pub allow_faults: Option<bool>,
+}
+
+impl FileConfig {
+    /// Read and parse a config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|message| ConfigError::Parse {
+            path: path.to_owned(),
+            message,
+        })
+    }
+
+    /// Parse config text (the `[interface]` table, or the keys at top level).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Wrapped {
+            interface: FileConfig,
+        }
+        let value: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
+        if value.contains_key("interface") {
+            toml::from_str::<Wrapped>(text)
+                .map(|w| w.interface)
+                .map_err(|e| e.to_string())
+        } else {
+            toml::from_str::<FileConfig>(text).map_err(|e| e.to_string())
+        }
+    }
+
+    /// Fill every unset key of `self` from `other`.
+    pub fn or(self, other: FileConfig) -> FileConfig {
+        FileConfig {
+            device: self.device.or(other.device),
+            port: self.port.or(other.port),
+            gid_index: self.gid_index.or(other.gid_index),
+            tap: self.tap.or(other.tap),
+            addr: self.addr.or(other.addr),
+            mtu: self.mtu.or(other.mtu),
+            budget: self.budget.or(other.budget),
+            control: self.control.or(other.control),
+            recv_ring: self.recv_ring.or(other.recv_ring),
+            send_ring: self.send_ring.or(other.send_ring),
+            poll_batch: self.poll_batch.or(other.poll_batch),
+            tx_batch: self.tx_batch.or(other.tx_batch),
+            qkey: self.qkey.or(other.qkey),
+            group: self.group.or(other.group),
+            neigh_capacity: self.neigh_capacity.or(other.neigh_capacity),
+            neigh_max_age_secs: self.neigh_max_age_secs.or(other.neigh_max_age_secs),
+            tx_timeout_ms: self.tx_timeout_ms.or(other.tx_timeout_ms),
+            restart_max: self.restart_max.or(other.restart_max),
+            restart_window_secs: self.restart_window_secs.or(other.restart_window_secs),
+            backoff_initial_ms: self.backoff_initial_ms.or(other.backoff_initial_ms),
+            backoff_max_ms: self.backoff_max_ms.or(other.backoff_max_ms),
+            tap_offload: self.tap_offload.or(other.tap_offload),
+            allow_faults: self.allow_faults.or(other.allow_faults),
+        }
+    }
+}

@@ -1,0 +1,327 @@
+//! Validation: a merged [`FileConfig`] becomes a [`Config`] whose every value is in range,
+//! or a [`ConfigError`] naming the key; and the interface parameters a `Config` yields.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::defaults::*;
+use super::{ConfigError, FileConfig};
+use crate::iface::Params;
+use crate::verbs::{EndpointConfig, Gid};
+use crate::wire::ipoib;
+use crate::wire::ipv4::Ipv4Cidr;
+
+/// A validated interface configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// RDMA device name.
+    pub device: String,
+    /// Port number (1-based).
+    pub port: u8,
+    /// GID index; `None` picks the first RoCEv2 IPv4-mapped GID.
+    pub gid_index: Option<u8>,
+    /// TAP device name.
+    pub tap: String,
+    /// Interface address.
+    pub addr: Ipv4Cidr,
+    /// IPoIB MTU; `None` means the port's active MTU minus 4.
+    pub mtu: Option<u32>,
+    /// Receive completions per poll.
+    pub budget: u32,
+    /// Control socket path.
+    pub control: PathBuf,
+    /// Receive ring size.
+    pub recv_ring: u32,
+    /// Send ring size.
+    pub send_ring: u32,
+    /// Completions per `ibv_poll_cq` call.
+    pub poll_batch: u32,
+    /// Frames read from the TAP per turn.
+    pub tx_batch: u32,
+    /// Q_Key.
+    pub qkey: u32,
+    /// Broadcast group GID.
+    pub group: Gid,
+    /// Neighbour table capacity.
+    pub neigh_capacity: u32,
+    /// Neighbour max age.
+    pub neigh_max_age: Duration,
+    /// Send-stall watchdog.
+    pub tx_timeout: Duration,
+    /// TAP checksum and TCP segmentation offload.
+    pub tap_offload: bool,
+    /// Restart policy.
+    pub restart: RestartPolicy,
+    /// The control socket serves `inject`, `clear` and `faults` (off unless asked for:
+    /// a fault breaks the interface on purpose).
+    pub allow_faults: bool,
+}
+
+/// When and how often the supervisor restarts an interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestartPolicy {
+    /// Restarts allowed within `window` before the interface is declared dead.
+    pub max_restarts: u32,
+    /// The circuit breaker's window.
+    pub window: Duration,
+    /// First backoff between consecutive failed attempts.
+    pub backoff_initial: Duration,
+    /// Longest backoff.
+    pub backoff_max: Duration,
+}
+
+impl Default for RestartPolicy {
+    fn default() -> Self {
+        RestartPolicy {
+            max_restarts: DEFAULT_RESTART_MAX,
+            window: DEFAULT_RESTART_WINDOW,
+            backoff_initial: DEFAULT_BACKOFF_INITIAL,
+            backoff_max: DEFAULT_BACKOFF_MAX,
+        }
+    }
+}
+
+fn check_range(key: &'static str, v: u32, lo: u32, hi: u32) -> Result<u32, ConfigError> {
+    if v < lo || v > hi {
+        return Err(ConfigError::Invalid {
+            key,
+            why: format!("{v} is outside {lo}..={hi}"),
+        });
+    }
+    Ok(v)
+}
+
+fn parse_group(s: &str) -> Result<Gid, ConfigError> {
+    let gid: Gid = s.parse().map_err(|_| ConfigError::Invalid {
+        key: "group",
+        why: format!("{s:?} is neither an IPv4 address nor a GID"),
+    })?;
+    if !gid.is_multicast() {
+        return Err(ConfigError::Invalid {
+            key: "group",
+            why: format!("{s} is not a multicast address"),
+        });
+    }
+    Ok(gid)
+}
+
+/// A valid Linux interface name: 1..=15 bytes, no `/`, whitespace or NUL.
+pub fn check_ifname(key: &'static str, name: &str) -> Result<(), ConfigError> {
+    let ok = !name.is_empty()
+        && name.len() <= 15
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'/' && b != b':');
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid {
+            key,
+            why: format!(
+                "{name:?} is not a valid interface name (1-15 printable characters, no '/' or ':')"
+            ),
+        })
+    }
+}
+
+impl Config {
+    /// Validate a merged set of keys.
+    pub fn from_file_config(f: FileConfig) -> Result<Config, ConfigError> {
+        let missing = |key| ConfigError::Invalid {
+            key,
+            why: "missing (give the flag or the config key)".into(),
+        };
+        let device = f.device.ok_or_else(|| missing("device"))?;
+        if device.is_empty() {
+            return Err(ConfigError::Invalid {
+                key: "device",
+                why: "empty".into(),
+            });
+        }
+        let tap = f.tap.ok_or_else(|| missing("tap"))?;
+        check_ifname("tap", &tap)?;
+        let addr_s = f.addr.ok_or_else(|| missing("addr"))?;
+        let addr: Ipv4Cidr = addr_s
+            .parse()
+            .map_err(|why| ConfigError::Invalid { key: "addr", why })?;
+        if addr.prefix > 30 {
+            return Err(ConfigError::Invalid {
+                key: "addr",
+                why: format!("prefix /{} leaves no room for a peer", addr.prefix),
+            });
+        }
+        let port = f.port.unwrap_or(1);
+        if port == 0 {
+            return Err(ConfigError::Invalid {
+                key: "port",
+                why: "ports are numbered from 1".into(),
+            });
+        }
+        let mtu = match f.mtu {
+            Some(m) => Some(check_range("mtu", m, MIN_IPOIB_MTU, MAX_IPOIB_MTU)?),
+            None => None,
+        };
+        let ring = |key, v: Option<u32>, d| -> Result<u32, ConfigError> {
+            let v = check_range(key, v.unwrap_or(d), 2, 16384)?;
+            if !v.is_power_of_two() {
+                return Err(ConfigError::Invalid {
+                    key,
+                    why: format!("{v} is not a power of two"),
+                });
+            }
+            Ok(v)
+        };
+        let recv_ring = ring("recv-ring", f.recv_ring, DEFAULT_RECV_RING)?;
+        let send_ring = ring("send-ring", f.send_ring, DEFAULT_SEND_RING)?;
+        let budget = check_range("budget", f.budget.unwrap_or(DEFAULT_BUDGET), 1, recv_ring)?;
+        let poll_batch = check_range(
+            "poll-batch",
+            f.poll_batch.unwrap_or(DEFAULT_POLL_BATCH),
+            1,
+            256,
+        )?;
+        let tx_batch = check_range(
+            "tx-batch",
+            f.tx_batch.unwrap_or(DEFAULT_TX_BATCH.min(send_ring)),
+            1,
+            send_ring,
+        )?;
+        let qkey = f.qkey.unwrap_or(DEFAULT_QKEY);
+        if qkey & 0x8000_0000 != 0 {
+            return Err(ConfigError::Invalid {
+                key: "qkey",
+                why: format!(
+                    "{qkey:#x} has the high bit set (a controlled Q_Key, not allowed for UD sends)"
+                ),
+            });
+        }
+        let group = match f.group {
+            Some(g) => parse_group(&g)?,
+            None => Gid::from_ipv4(DEFAULT_GROUP),
+        };
+        let neigh_capacity = check_range(
+            "neigh-capacity",
+            f.neigh_capacity.unwrap_or(DEFAULT_NEIGH_CAPACITY),
+            1,
+            1 << 20,
+        )?;
+        let age = f
+            .neigh_max_age_secs
+            .unwrap_or(DEFAULT_NEIGH_MAX_AGE.as_secs());
+        if age == 0 || age > 86_400 {
+            return Err(ConfigError::Invalid {
+                key: "neigh-max-age-secs",
+                why: format!("{age} is outside 1..=86400"),
+            });
+        }
+        let ms = |key: &'static str, v: Option<u64>, d: Duration, lo: u64, hi: u64| {
+            let v = v.unwrap_or(d.as_millis() as u64);
+            if v < lo || v > hi {
+                return Err(ConfigError::Invalid {
+                    key,
+                    why: format!("{v} is outside {lo}..={hi}"),
+                });
+            }
+            Ok(Duration::from_millis(v))
+        };
+        let tx_timeout = ms(
+            "tx-timeout-ms",
+            f.tx_timeout_ms,
+            DEFAULT_TX_TIMEOUT,
+            100,
+            600_000,
+        )?;
+        let backoff_initial = ms(
+            "backoff-initial-ms",
+            f.backoff_initial_ms,
+            DEFAULT_BACKOFF_INITIAL,
+            1,
+            60_000,
+        )?;
+        let backoff_max = ms(
+            "backoff-max-ms",
+            f.backoff_max_ms,
+            DEFAULT_BACKOFF_MAX,
+            1,
+            600_000,
+        )?;
+        if backoff_max < backoff_initial {
+            return Err(ConfigError::Invalid {
+                key: "backoff-max-ms",
+                why: "smaller than backoff-initial-ms".into(),
+            });
+        }
+        let max_restarts = check_range(
+            "restart-max",
+            f.restart_max.unwrap_or(DEFAULT_RESTART_MAX),
+            1,
+            1_000_000,
+        )?;
+        let window_s = f
+            .restart_window_secs
+            .unwrap_or(DEFAULT_RESTART_WINDOW.as_secs());
+        if window_s == 0 || window_s > 86_400 {
+            return Err(ConfigError::Invalid {
+                key: "restart-window-secs",
+                why: format!("{window_s} is outside 1..=86400"),
+            });
+        }
+        let control = f.control.unwrap_or_else(|| default_control_path(&tap));
+        Ok(Config {
+            device,
+            port,
+            gid_index: f.gid_index,
+            tap,
+            addr,
+            mtu,
+            budget,
+            control,
+            recv_ring,
+            send_ring,
+            poll_batch,
+            tx_batch,
+            qkey,
+            group,
+            neigh_capacity,
+            neigh_max_age: Duration::from_secs(age),
+            tx_timeout,
+            tap_offload: f.tap_offload.unwrap_or(DEFAULT_TAP_OFFLOAD),
+            allow_faults: f.allow_faults.unwrap_or(false),
+            restart: RestartPolicy {
+                max_restarts,
+                window: Duration::from_secs(window_s),
+                backoff_initial,
+                backoff_max,
+            },
+        })
+    }
+}
+
+impl Config {
+    /// Parameters from a validated configuration.
+    pub fn interface_params(&self) -> Params {
+        Params {
+            addr: self.addr,
+            mtu: self.mtu,
+            qkey: self.qkey,
+            group: self.group,
+            budget: self.budget,
+            poll_batch: self.poll_batch,
+            tx_batch: self.tx_batch,
+            endpoint: EndpointConfig {
+                device: self.device.clone(),
+                port: self.port,
+                gid_index: self.gid_index,
+                qkey: self.qkey,
+                recv_slots: self.recv_ring,
+                send_slots: self.send_ring,
+                max_payload: self.mtu.map(|m| m + ipoib::HEADER_LEN as u32),
+            },
+            neigh_capacity: self.neigh_capacity,
+            neigh_max_age: self.neigh_max_age,
+            tx_timeout: self.tx_timeout,
+        }
+    }
+}
