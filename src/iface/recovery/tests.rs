@@ -207,7 +207,10 @@ fn a_restart_keeps_the_endpoint_and_records_where_its_time_went() {
         (r.epoch, r.cause.as_str(), r.detected_unix_ms),
         (2, "tx-stall", 77)
     );
-    assert!(r.detail.starts_with("send stall: 3 sends outstanding"), "{r:?}");
+    assert!(
+        r.detail.starts_with("send stall: 3 sends outstanding"),
+        "{r:?}"
+    );
     assert_eq!((r.wr_reaped, r.sends_reaped, r.flushed), (5, 2, 40));
     assert!(r.ledger_balanced && r.kept_device && !r.ledger_lost);
     assert_eq!(r.failed_attempts, 0);
@@ -227,7 +230,10 @@ fn a_restart_keeps_the_endpoint_and_records_where_its_time_went() {
 fn an_operator_restart_of_a_running_interface_asks_the_poller_to_hand_over() {
     let c = clock();
     let mut m = Recovery::new(policy(), 1, c.t(0));
-    assert_eq!(m.handle(Event::Operator, c.t(10), 0), vec![Action::HandOver]);
+    assert_eq!(
+        m.handle(Event::Operator, c.t(10), 0),
+        vec![Action::HandOver]
+    );
     // Nothing else is expected of a running interface.
     assert_eq!(m.handle(Event::Tick, c.t(20), 0), vec![]);
     assert_eq!(m.handle(Event::TornDown(torn(true)), c.t(20), 0), vec![]);
@@ -407,8 +413,14 @@ fn the_breaker_declares_the_interface_dead_until_an_operator_restart() {
         vec![Action::StartPoller { epoch: 5 }]
     );
     let r = recorded(&m.handle(started(), c.t(at + 2004), 0));
-    assert_eq!((r.cause.as_str(), r.epoch, r.detected_unix_ms), ("revived", 5, 99));
-    assert_eq!(r.detail, "operator restart after the circuit breaker tripped");
+    assert_eq!(
+        (r.cause.as_str(), r.epoch, r.detected_unix_ms),
+        ("revived", 5, 99)
+    );
+    assert_eq!(
+        r.detail,
+        "operator restart after the circuit breaker tripped"
+    );
     assert!(r.ledger_balanced && !r.kept_device);
     assert!(close(r.recovery_ms, 4.0), "{r:?}");
     assert!(!m.is_dead());
@@ -593,7 +605,10 @@ fn a_device_fatal_loop_is_held_by_the_breaker_until_the_device_went_and_came_bac
     );
     let r = recorded(&m.handle(started(), c.t(now + 4), 0));
     assert_eq!((r.cause.as_str(), r.epoch), ("revived", 5));
-    assert_eq!(r.detail, "the device returned after the circuit breaker tripped");
+    assert_eq!(
+        r.detail,
+        "the device returned after the circuit breaker tripped"
+    );
     assert_eq!(r.detected_unix_ms, 5);
     assert!(close(r.recovery_ms, (now + 4 - probe_at) as f64), "{r:?}");
     assert!(m.is_running() && !m.is_dead());
@@ -648,7 +663,10 @@ fn a_poller_that_cannot_start_is_a_failed_attempt() {
     let _ = m.handle(opened(true), c.t(3016), 0);
     let r = recorded(&m.handle(started(), c.t(3017), 0));
     assert_eq!((r.epoch, r.failed_attempts, r.wr_reaped), (2, 1, 7));
-    assert!(!r.ledger_balanced, "the second teardown did not balance: {r:?}");
+    assert!(
+        !r.ledger_balanced,
+        "the second teardown did not balance: {r:?}"
+    );
     assert!(close(r.recovery_ms, 17.0), "{r:?}");
 }
 
@@ -701,5 +719,8 @@ fn a_poller_panic_loses_the_epoch_and_opens_the_next_from_scratch() {
     let _ = m.handle(opened(false), c.t(2002), 0);
     let r = recorded(&m.handle(started(), c.t(2003), 0));
     assert_eq!(r.cause, "poller-panicked");
-    assert!(r.ledger_lost && !r.ledger_balanced && !r.kept_device, "{r:?}");
+    assert!(
+        r.ledger_lost && !r.ledger_balanced && !r.kept_device,
+        "{r:?}"
+    );
 }

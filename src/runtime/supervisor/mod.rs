@@ -6,7 +6,7 @@
 //! watchdog fires, or an operator asks (`uipoib restart`). What happens then, and when,
 //! is decided by the restart machine ([`crate::iface::recovery`]: the sequence, the
 //! backoff, the circuit breaker, device loss and return); the supervisor's thread
-//! ([`thread`]) feeds it what happened and performs what it asks: sets the TAP carrier
+//! (`thread.rs`) feeds it what happened and performs what it asks: sets the TAP carrier
 //! off (the TAP and its address stay); tears the interface down ([`teardown`]: QP to
 //! error, flushes drained within a deadline on the wall clock, group detached, AHs,
 //! QP, CQs, channel, MR, PD and context destroyed or the endpoint kept with a new QP
@@ -17,7 +17,7 @@
 //! ARP; and keeps the status (`uipoib status`: state, dead reason, restart records).
 //!
 //! The QPs and CQs a renewal replaced are destroyed on a reaper thread (`reap-<tap>`,
-//! [`reaper`]), never on the poller thread, once their grace is over (see
+//! `reaper.rs`), never on the poller thread, once their grace is over (see
 //! [`crate::verbs::retire`]); a shutdown waits out what is left of the grace, at most
 //! [`SHUTDOWN_GRACE_CAP`]. A shutdown ends within [`SHUTDOWN_BOUND`] even if the poller
 //! hangs ([`Supervisor::finish_shutdown`]).
