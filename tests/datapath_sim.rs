@@ -10,6 +10,7 @@ use std::time::Instant;
 use common::{FakeTap, arp_reply, arp_request, ipv4_frame, pair};
 use uipoib::iface::napi::TxGate;
 use uipoib::iface::stats::{self, DropReason};
+use uipoib::runtime::supervisor::Close;
 use uipoib::wire::arp::{self as warp, EthArp};
 use uipoib::wire::eth::{self, Mac};
 use uipoib::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4};

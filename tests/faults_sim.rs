@@ -23,6 +23,7 @@ use uipoib::iface::stats::{self, DropReason, Snapshot, Stats};
 use uipoib::iface::{FLUSH_DEADLINE, Failure, Interface, Params};
 use uipoib::runtime::config::RestartPolicy;
 use uipoib::runtime::control::{self, ControlError, ControlServer};
+use uipoib::runtime::supervisor::Close;
 use uipoib::runtime::supervisor::{RestartRecord, Status};
 use uipoib::verbs::fault::{CqSel, Fault, FaultKind, FaultSpec, SplitMix64, Trigger};
 use uipoib::verbs::fault::{FaultSwitch, FaultyProvider};

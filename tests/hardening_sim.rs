@@ -22,6 +22,7 @@ use uipoib::iface::napi::TxGate;
 use uipoib::iface::stats::DropReason;
 use uipoib::iface::{FLUSH_DEADLINE, Interface};
 use uipoib::runtime::config::{DEFAULT_QKEY, RestartPolicy};
+use uipoib::runtime::supervisor::Close;
 use uipoib::verbs::fault::FaultyProvider;
 use uipoib::verbs::fault::{Fault, FaultSpec};
 use uipoib::verbs::sim::SimFabric;

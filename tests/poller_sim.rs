@@ -11,6 +11,7 @@ use common::{SockTap, arp_reply, arp_request, fabric, ipv4_frame, open};
 use crossbeam_channel::unbounded;
 use uipoib::iface::{FLUSH_DEADLINE, Failure};
 use uipoib::runtime::poller::{Exit, Poller};
+use uipoib::runtime::supervisor::Close;
 use uipoib::tap::TapDevice;
 use uipoib::verbs::VerbsError;
 use uipoib::verbs::fault::FaultyProvider;

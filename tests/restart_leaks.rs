@@ -14,6 +14,7 @@ use common::{fabric, params};
 use uipoib::iface::stats::Stats;
 use uipoib::iface::{FLUSH_DEADLINE, Interface};
 use uipoib::runtime::config::RestartPolicy;
+use uipoib::runtime::supervisor::Close;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 

@@ -10,6 +10,7 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use uipoib::runtime::supervisor::Close;
 use uipoib::runtime::config::{DEFAULT_GROUP, DEFAULT_QKEY};
 use uipoib::wire::ipv4::Ipv4Cidr;
 use uipoib::iface::{Interface, Params};

@@ -1,11 +1,14 @@
 //! One interface's logic, without threads: what a completion or a TAP frame does, the
-//! NAPI budget, the ledger of work requests, the neighbour table and the counters.
-//! Nothing here spawns a thread; the clock comes in as `now`.
+//! NAPI budget, the ledger of work requests, the neighbour table, the counters and the
+//! restart sequence as a state machine. Nothing here spawns a thread, sleeps or reads a
+//! clock of its own: the clock comes in as `now` (or, to time an open or a teardown's
+//! steps, as a [`Clock`] the caller passes).
 
 pub mod interface;
 pub mod ledger;
 pub mod napi;
 pub mod neigh;
+pub mod recovery;
 pub mod stats;
 
 pub use interface::*;

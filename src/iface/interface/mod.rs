@@ -1,8 +1,11 @@
 //! One interface's datapath: an [`Endpoint`], its work-request [`Ledger`], its
 //! [`Neighbours`] and the translation between TAP Ethernet frames and IPoIB.
 //!
-//! An [`Interface`] is driven by the poller (`crate::runtime::poller`): it never reads a clock or
-//! waits; `now` comes in as an argument. Every packet that is not carried is counted in
+//! An [`Interface`] is driven by the poller (`crate::runtime::poller`): it never reads a
+//! clock of its own and never waits. `now` comes in as an argument; where it times its
+//! own steps (the open, a teardown's destroy and renewal) it reads the [`Clock`] its
+//! caller passes, if any; a teardown's drain is polled one step at a time by a caller
+//! that bounds it and naps between polls ([`Closing`]). Every packet that is not carried is counted in
 //! [`Stats`] under its [`DropReason`]. An [`Interface`] is moved by value: the poller
 //! owns it while it runs, and hands it whole to the supervisor when a poll fails.
 
@@ -11,7 +14,7 @@ mod teardown;
 mod tx;
 
 use teardown::forget_ahs;
-pub use teardown::{KeptEndpoint, Teardown};
+pub use teardown::{Closing, DrainStep, KeptEndpoint, Teardown};
 
 use std::io;
 use std::net::Ipv4Addr;
@@ -199,7 +202,29 @@ impl RateLimit {
     }
 }
 
-/// Where the time of [`Interface::open`] / [`Interface::reopen`] went.
+/// The clock a caller hands the interface to time the steps of an open or a teardown
+/// (the runtime passes the wall clock, a test may pass a virtual one).
+pub type Clock<'a> = &'a dyn Fn() -> Instant;
+
+/// Times steps on the caller's clock; without one every step takes no time.
+#[derive(Clone, Copy)]
+pub(super) struct Stopwatch<'a>(pub(super) Option<Clock<'a>>);
+
+impl Stopwatch<'_> {
+    pub(super) fn mark(&self) -> Option<Instant> {
+        self.0.map(|c| c())
+    }
+
+    pub(super) fn since(&self, mark: Option<Instant>) -> Duration {
+        match (self.0, mark) {
+            (Some(c), Some(m)) => c().saturating_duration_since(m),
+            _ => Duration::ZERO,
+        }
+    }
+}
+
+/// Where the time of [`Interface::open_timed`] / [`Interface::reopen_timed`] went (all
+/// zero after an untimed open).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OpenTimes {
     /// Opening the endpoint (device context, PD, memory registration, channel, CQs, QP);
@@ -268,23 +293,69 @@ impl Interface {
         epoch: u16,
         neigh: &mut Option<Neighbours>,
     ) -> Result<Interface, OpenError> {
-        let start = Instant::now();
-        let ep = provider.open(&p.endpoint)?;
-        let opened = start.elapsed();
-        Self::on_endpoint(ep, None, opened, p, stats, epoch, neigh)
+        Self::open_with(provider, p, stats, epoch, neigh, Stopwatch(None))
     }
 
-    /// Like [`Interface::open`] on an endpoint kept from the previous epoch by
-    /// [`Interface::recycle`] (its QP and CQs are new; context, PD, memory and channel
-    /// are the old ones), with the neighbour table `recycle` returned (whose address
-    /// handles live on that endpoint). On failure the endpoint is closed and the table
-    /// forgets its AHs.
+    /// [`Interface::open`], its steps timed on `clock` ([`Interface::open_times`]).
+    pub fn open_timed(
+        provider: &dyn Provider,
+        p: &Params,
+        stats: Arc<Stats>,
+        epoch: u16,
+        neigh: &mut Option<Neighbours>,
+        clock: Clock<'_>,
+    ) -> Result<Interface, OpenError> {
+        Self::open_with(provider, p, stats, epoch, neigh, Stopwatch(Some(clock)))
+    }
+
+    fn open_with(
+        provider: &dyn Provider,
+        p: &Params,
+        stats: Arc<Stats>,
+        epoch: u16,
+        neigh: &mut Option<Neighbours>,
+        watch: Stopwatch<'_>,
+    ) -> Result<Interface, OpenError> {
+        let start = watch.mark();
+        let ep = provider.open(&p.endpoint)?;
+        let opened = watch.since(start);
+        Self::on_endpoint(ep, None, opened, p, stats, epoch, neigh, watch)
+    }
+
+    /// Like [`Interface::open`] on an endpoint kept from the previous epoch by a
+    /// teardown ([`Closing::finish`] with `keep`: its QP and CQs are new; context, PD,
+    /// memory and channel are the old ones), with the neighbour table that teardown
+    /// returned (whose address handles live on that endpoint). On failure the endpoint
+    /// is closed and the table forgets its AHs.
     pub fn reopen(
         kept: KeptEndpoint,
         p: &Params,
         stats: Arc<Stats>,
         epoch: u16,
         neigh: &mut Option<Neighbours>,
+    ) -> Result<Interface, OpenError> {
+        Self::reopen_with(kept, p, stats, epoch, neigh, Stopwatch(None))
+    }
+
+    /// [`Interface::reopen`], its steps timed on `clock` ([`Interface::open_times`]).
+    pub fn reopen_timed(
+        kept: KeptEndpoint,
+        p: &Params,
+        stats: Arc<Stats>,
+        epoch: u16,
+        neigh: &mut Option<Neighbours>,
+        clock: Clock<'_>,
+    ) -> Result<Interface, OpenError> {
+        Self::reopen_with(kept, p, stats, epoch, neigh, Stopwatch(Some(clock)))
+    }
+
+    fn reopen_with(
+        kept: KeptEndpoint,
+        p: &Params,
+        stats: Arc<Stats>,
+        epoch: u16,
+        neigh: &mut Option<Neighbours>,
+        watch: Stopwatch<'_>,
     ) -> Result<Interface, OpenError> {
         let st = stats.clone();
         let r = Self::on_endpoint(
@@ -295,6 +366,7 @@ impl Interface {
             stats,
             epoch,
             neigh,
+            watch,
         );
         if r.is_err() {
             // The endpoint was closed with its AHs; the neighbours still name theirs
@@ -309,6 +381,7 @@ impl Interface {
         self.open_times
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn on_endpoint(
         mut ep: Box<dyn Endpoint>,
         group_ah: Option<AhHandle>,
@@ -317,7 +390,9 @@ impl Interface {
         stats: Arc<Stats>,
         epoch: u16,
         neigh: &mut Option<Neighbours>,
+        watch: Stopwatch<'_>,
     ) -> Result<Interface, OpenError> {
+        let on_kept = group_ah.is_some();
         let mut times = OpenTimes {
             open: opened,
             ..OpenTimes::default()
@@ -335,7 +410,7 @@ impl Interface {
             Some(m) => m,
             None => max_mtu,
         };
-        let t = Instant::now();
+        let t = watch.mark();
         let group_ah = match group_ah {
             Some(ah) => ah,
             None => {
@@ -344,10 +419,10 @@ impl Interface {
                 ah
             }
         };
-        times.ah = t.elapsed();
-        let t = Instant::now();
+        times.ah = watch.since(t);
+        let t = watch.mark();
         ep.attach_mcast(&p.group)?;
-        times.attach = t.elapsed();
+        times.attach = watch.since(t);
         let own_hw = IpoibAddr::new(a.qpn, a.gid);
         let mut iface = Interface {
             ledger: Ledger::new(epoch, a.recv_slots, a.send_slots),
@@ -386,18 +461,18 @@ impl Interface {
         stats::set(&iface.stats.mtu, mtu as u64);
         stats::set(&iface.stats.recv_ring, u64::from(a.recv_slots));
         stats::set(&iface.stats.send_ring, u64::from(a.send_slots));
-        let t = Instant::now();
+        let t = watch.mark();
         match iface.fill_recv() {
             Ok(n) => iface.open_times.posted = n,
             Err(e) => {
                 // Receives posted before the failure are reaped with the endpoint.
-                let _ = iface.shutdown(Duration::ZERO);
+                let _ = iface.begin_teardown().finish(None, false, None);
                 return Err(e.into());
             }
         }
-        iface.open_times.fill = t.elapsed();
+        iface.open_times.fill = watch.since(t);
         iface.sync_gauges();
-        if opened.is_zero() {
+        if on_kept {
             // On a kept endpoint: the supervisor's summary line follows.
             tracing::debug!(qpn = a.qpn, epoch, "interface open on the kept endpoint");
         } else {

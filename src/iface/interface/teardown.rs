@@ -1,12 +1,10 @@
 //! Closing an epoch: the QP moved to error, flushes drained, every work request still
 //! outstanding reaped, and the endpoint destroyed or kept for the next epoch.
+//!
+//! The drain is driven from outside, one poll at a time ([`Closing::drain_step`]): the
+//! caller owns the clock, bounds the drain by its deadline and naps between polls.
 
 use super::*;
-
-/// How long a teardown sleeps when a drain poll finds no flush completion yet (rxe
-/// generates them in the kernel after the QP went to error). Was 1 ms; a restart's
-/// drain takes 2-4 ms in the lab, so a finer nap notices the flushes sooner.
-const DRAIN_NAP: Duration = Duration::from_micros(200);
 
 /// What a teardown found.
 #[derive(Debug, Clone)]
@@ -17,7 +15,8 @@ pub struct Teardown {
     pub sends_reaped: u64,
     /// Flush completions drained before the deadline.
     pub flushed: u64,
-    /// Time spent moving the QP to error and draining flushes.
+    /// Time spent moving the QP to error and draining flushes (filled in by the caller
+    /// that drove the drain: [`Closing::finish`] leaves it zero).
     pub drain: Duration,
     /// Time spent detaching and destroying the verbs objects.
     pub destroy: Duration,
@@ -25,7 +24,7 @@ pub struct Teardown {
     pub errors: u64,
     /// The ledger's verdict after the reap.
     pub ledger: Result<(), String>,
-    /// Whether the endpoint was kept for the next epoch ([`Interface::recycle`] with
+    /// Whether the endpoint was kept for the next epoch ([`Closing::finish`] with `keep`,
     /// [`Endpoint::renew`] working): only its QP and CQs were replaced. Of `destroy`,
     /// `renew` was spent replacing them.
     pub kept: bool,
@@ -33,7 +32,7 @@ pub struct Teardown {
     pub renew: Duration,
 }
 
-/// An endpoint kept across a restart by [`Interface::recycle`] (QP and CQs renewed),
+/// An endpoint kept across a restart by [`Closing::finish`] (QP and CQs renewed),
 /// with the broadcast group's address handle, for [`Interface::reopen`].
 pub struct KeptEndpoint {
     pub(super) ep: Box<dyn Endpoint>,
@@ -57,54 +56,114 @@ pub(super) fn forget_ahs(neigh: Option<&mut Neighbours>, stats: &Stats) {
     stats::add(&stats.ah_destroyed, n + 1);
 }
 
+/// What one drain poll found ([`Closing::drain_step`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainStep {
+    /// Completions arrived and flushes are still awaited: poll again at once.
+    Progress,
+    /// Nothing arrived yet (rxe makes the flushes in the kernel after the QP went to
+    /// error): the caller may nap before the next poll.
+    Idle,
+    /// Nothing more to drain: everything is accounted for, a poll failed, or this
+    /// epoch's CQs may not be polled at all.
+    Done,
+}
+
+/// An interface being closed: its QP moved to the error state (unless a poll failed, or
+/// the move itself failed), its flushes drained one [`Closing::drain_step`] at a time by
+/// a caller that owns the clock and bounds the drain, then [`Closing::finish`]ed.
+pub struct Closing {
+    iface: Interface,
+    flushed_before: u64,
+    /// Flushes may be drained: the QP went to the error state and no poll failed.
+    drainable: bool,
+    /// A drain poll failed: nothing more is polled.
+    stopped: bool,
+    errors: u64,
+}
+
 impl Interface {
-    /// Tear down in order: QP to error, drain flushes (bounded by `deadline`), detach the
-    /// group, destroy AHs, destroy the endpoint, reap what never completed, check the
-    /// ledger. Never panics; failures are counted. Receives that complete during the
-    /// drain have nowhere to go and are counted as dropped (`rx_teardown`): use
-    /// [`Interface::shutdown_into`] where the TAP is still there.
-    /// The neighbour table is handed back for the next epoch.
-    pub fn shutdown(self, deadline: Duration) -> (Teardown, Neighbours) {
-        let (t, neigh, _) = self.teardown(deadline, None, false);
-        (t, neigh)
+    /// Begin a teardown: the QP is moved to the error state, so that everything posted
+    /// comes back as a flush completion. After a failed poll nothing of this epoch is
+    /// polled again: the QP is not moved and nothing is drained; so it is when the move
+    /// fails (the QP is then destroyed before anything it may own is reaped).
+    pub fn begin_teardown(mut self) -> Closing {
+        let flushed_before =
+            stats::get(&self.stats.recv_flushed) + stats::get(&self.stats.send_flushed);
+        self.draining = true;
+        let mut errors = 0;
+        let mut drainable = false;
+        if self.untrusted {
+            // A failed poll: what the CQs hold cannot be trusted, so they are not polled
+            // again; the QP is destroyed before anything is reaped.
+            tracing::debug!("a poll failed: no drain, the QP is destroyed first");
+        } else if let Err(e) = self.ep.set_qp_error() {
+            errors += 1;
+            self.untrusted = true;
+            tracing::warn!(error = %e, "moving the QP to the error state failed: it is destroyed before anything is reaped");
+        } else {
+            drainable = true;
+        }
+        Closing {
+            iface: self,
+            flushed_before,
+            drainable,
+            stopped: false,
+            errors,
+        }
+    }
+}
+
+impl Closing {
+    /// Whether flush completions are still awaited.
+    pub fn pending(&self) -> bool {
+        self.drainable && !self.stopped && self.iface.outstanding() > 0
     }
 
-    /// [`Interface::shutdown`], delivering the receives that complete during the drain
-    /// to `tap`.
-    pub fn shutdown_into(self, deadline: Duration, tap: &dyn FrameIo) -> (Teardown, Neighbours) {
-        let (t, neigh, _) = self.teardown(deadline, Some(tap), false);
-        (t, neigh)
+    /// One drain poll of both CQs at `now`. Receives that completed before the flush are
+    /// delivered to `tap` (or, without one, counted as dropped, `rx_teardown`).
+    pub fn drain_step(&mut self, tap: Option<&dyn FrameIo>, now: Instant) -> DrainStep {
+        if !self.pending() {
+            return DrainStep::Done;
+        }
+        let want = self.iface.wc.len();
+        let rx = self.iface.poll_recv_batch(want, tap, now);
+        let tx = self.iface.poll_tx(now);
+        match (rx, tx) {
+            (Ok(0), Ok(0)) => DrainStep::Idle,
+            (Ok(_), Ok(_)) if self.pending() => DrainStep::Progress,
+            (Ok(_), Ok(_)) => DrainStep::Done,
+            _ => {
+                self.stopped = true;
+                DrainStep::Done
+            }
+        }
     }
 
-    /// Like [`Interface::shutdown_into`], but instead of destroying the endpoint, replace
-    /// its QP and CQs ([`Endpoint::renew`]) and hand it back for [`Interface::reopen`]:
-    /// device context, PD, registered memory, completion channel, the broadcast group's
-    /// membership and the neighbours' address handles survive. What was
-    /// posted on the old QP is reaped exactly as after a full teardown (the old QP and
-    /// CQs are destroyed, so no completion of this epoch can come). If the renewal fails
-    /// the endpoint is closed (`None`): open a new one.
+    /// End the teardown, in order: detach the group, destroy the AHs, destroy the
+    /// endpoint, reap what never completed, check the ledger. Never panics; failures are
+    /// counted. The neighbour table is handed back for the next epoch.
     ///
-    /// After a failed poll nothing of this epoch is polled again: there is no drain, and
-    /// the old QP is destroyed at once ([`Endpoint::renew_destroying_old`]) before any
-    /// work request is reaped. So it is when the QP could not be moved to the error
-    /// state. A QP in the error state is kept aside for its grace, even when some of its
-    /// flushes had not arrived by `deadline` (rxe is still flushing it then).
+    /// With `keep`, instead of destroying the endpoint, its QP and CQs are replaced
+    /// ([`Endpoint::renew`]) and it is handed back for [`Interface::reopen`]: device
+    /// context, PD, registered memory, completion channel, the broadcast group's
+    /// membership and the neighbours' address handles survive. What was posted on the
+    /// old QP is reaped exactly as after a full teardown (the old QP and CQs are
+    /// destroyed, so no completion of this epoch can come). If the renewal fails the
+    /// endpoint is closed (`None`): open a new one. After a failed poll (or a QP that
+    /// could not be moved to the error state) the old QP is destroyed at once
+    /// ([`Endpoint::renew_destroying_old`]) before any work request is reaped; a QP in
+    /// the error state is kept aside for its grace, even when some of its flushes had
+    /// not arrived (rxe is still flushing it then). Not for a lost device: a removal
+    /// waits for every context on the device to close.
     ///
-    /// Not for a lost device: use [`Interface::shutdown`] then, which closes everything
-    /// at once (a removal waits for every context on the device to close).
-    pub fn recycle(
+    /// `clock`, when given, times the destroy and the renewal (`Teardown::destroy`,
+    /// `Teardown::renew`); the drain's time is the caller's to fill in.
+    pub fn finish(
         self,
-        deadline: Duration,
-        tap: &dyn FrameIo,
-    ) -> (Teardown, Neighbours, Option<KeptEndpoint>) {
-        self.teardown(deadline, Some(tap), true)
-    }
-
-    pub(super) fn teardown(
-        mut self,
-        deadline: Duration,
         tap: Option<&dyn FrameIo>,
         keep: bool,
+        clock: Option<Clock<'_>>,
     ) -> (Teardown, Neighbours, Option<KeptEndpoint>) {
         let mut t = Teardown {
             reaped: 0,
@@ -112,73 +171,51 @@ impl Interface {
             flushed: 0,
             drain: Duration::ZERO,
             destroy: Duration::ZERO,
-            errors: 0,
+            errors: self.errors,
             ledger: Ok(()),
             kept: false,
             renew: Duration::ZERO,
         };
-        let flushed_before =
-            stats::get(&self.stats.recv_flushed) + stats::get(&self.stats.send_flushed);
-        self.draining = true;
-        let start = Instant::now();
-        if self.untrusted {
-            // A failed poll: what the CQs hold cannot be trusted, so they are not polled
-            // again; the QP is destroyed before anything is reaped.
-            tracing::debug!("a poll failed: no drain, the QP is destroyed first");
-        } else if let Err(e) = self.ep.set_qp_error() {
-            t.errors += 1;
-            self.untrusted = true;
-            tracing::warn!(error = %e, "moving the QP to the error state failed: it is destroyed before anything is reaped");
-        } else {
-            // Drain flush completions until everything posted is accounted for.
-            // Receives that completed before the flush are delivered.
-            while self.outstanding() > 0 && start.elapsed() < deadline {
-                let rx = self.poll_recv_batch(self.wc.len(), tap, Instant::now());
-                let tx = self.poll_tx(Instant::now());
-                match (rx, tx) {
-                    (Ok(0), Ok(0)) => std::thread::sleep(DRAIN_NAP),
-                    (Ok(_), Ok(_)) => {}
-                    _ => break,
-                }
-            }
+        if self.drainable {
             if let Some(tap) = tap {
                 for _ in 0..tap.flush() {
-                    self.stats.count_drop(DropReason::RxTapWrite);
+                    self.iface.stats.count_drop(DropReason::RxTapWrite);
                 }
             }
             // Flushes still missing at the deadline leave the QP (in the error state) to
             // its grace, not to an immediate destroy: rxe is then still flushing it, and
             // destroying a QP rxe still holds makes rxe warn, free it under its tasks
             // and break the device's sends (seen in the lab under iperf3 load).
-            if self.outstanding() > 0 {
+            if self.iface.outstanding() > 0 {
                 tracing::debug!(
-                    outstanding = self.outstanding(),
+                    outstanding = self.iface.outstanding(),
                     "flushes missing after the drain; the QP in the error state is retired"
                 );
             }
         }
-        t.drain = start.elapsed();
-        let destroy_start = Instant::now();
+        let watch = Stopwatch(clock);
+        let destroy_start = watch.mark();
+        let mut iface = self.iface;
         // Kept, the endpoint moves the group over to its new QP itself and its address
         // handles stay valid: only the retiring ones go.
         if keep {
-            return self.teardown_keep(t, destroy_start, flushed_before);
+            return iface.teardown_keep(t, watch, destroy_start, self.flushed_before);
         }
-        if self.group_attached {
-            if let Err(e) = self.ep.detach_mcast(&self.group) {
+        if iface.group_attached {
+            if let Err(e) = iface.ep.detach_mcast(&iface.group) {
                 t.errors += 1;
                 tracing::warn!(error = %e, "detaching the broadcast group failed");
             }
-            self.group_attached = false;
+            iface.group_attached = false;
         }
         // Every send is accounted for below (completed, flushed or reaped), so every AH
         // can go.
-        let mut ahs = self.neigh.take_ahs();
-        ahs.append(&mut self.destroy);
-        ahs.push(self.group_ah);
+        let mut ahs = iface.neigh.take_ahs();
+        ahs.append(&mut iface.destroy);
+        ahs.push(iface.group_ah);
         for ah in ahs {
-            match self.ep.destroy_ah(ah) {
-                Ok(()) => stats::add(&self.stats.ah_destroyed, 1),
+            match iface.ep.destroy_ah(ah) {
+                Ok(()) => stats::add(&iface.stats.ah_destroyed, 1),
                 Err(e) => {
                     t.errors += 1;
                     tracing::warn!(error = %e, "destroying an address handle failed");
@@ -187,12 +224,14 @@ impl Interface {
         }
         // The endpoint goes first (QP, CQs, channel, MR, PD, context): after that no
         // completion can come for anything still posted, so it is reaped.
-        drop(self.ep);
-        t.destroy = destroy_start.elapsed();
-        Self::reap(&mut self.ledger, &self.stats, &mut t, flushed_before);
-        (t, self.neigh, None)
+        drop(iface.ep);
+        t.destroy = watch.since(destroy_start);
+        Interface::reap(&mut iface.ledger, &iface.stats, &mut t, self.flushed_before);
+        (t, iface.neigh, None)
     }
+}
 
+impl Interface {
     /// The rest of a teardown that keeps the endpoint: retiring AHs destroyed, the QP and
     /// CQs renewed (after which no completion can come for anything still posted, so it
     /// is reaped), the live AHs and the group kept. If the renewal fails, everything is
@@ -200,7 +239,8 @@ impl Interface {
     pub(super) fn teardown_keep(
         mut self,
         mut t: Teardown,
-        destroy_start: Instant,
+        watch: Stopwatch<'_>,
+        destroy_start: Option<Instant>,
         flushed_before: u64,
     ) -> (Teardown, Neighbours, Option<KeptEndpoint>) {
         let mut ahs = self.neigh.take_retiring_ahs();
@@ -214,13 +254,13 @@ impl Interface {
                 }
             }
         }
-        let renew_start = Instant::now();
+        let renew_start = watch.mark();
         let renewed = if self.untrusted {
             self.ep.renew_destroying_old()
         } else {
             self.ep.renew()
         };
-        t.renew = renew_start.elapsed();
+        t.renew = watch.since(renew_start);
         let kept = match renewed {
             Ok(()) => Some(KeptEndpoint {
                 ep: self.ep,
@@ -236,7 +276,7 @@ impl Interface {
             }
         };
         t.kept = kept.is_some();
-        t.destroy = destroy_start.elapsed();
+        t.destroy = watch.since(destroy_start);
         Self::reap(&mut self.ledger, &self.stats, &mut t, flushed_before);
         (t, self.neigh, kept)
     }

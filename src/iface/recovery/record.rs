@@ -1,0 +1,85 @@
+//! What one restart is recorded as (`uipoib status` shows the most recent).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// One restart, as `uipoib status` shows it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RestartRecord {
+    /// The epoch it started.
+    pub epoch: u16,
+    /// Short cause (`poll-failed`, `device-removed`, `tx-stall`, `operator`, ...).
+    pub cause: String,
+    /// The cause in full.
+    pub detail: String,
+    /// When the failure was detected (ms since the Unix epoch).
+    pub detected_unix_ms: u64,
+    /// From detection to the new poller running with the carrier on (ms).
+    pub recovery_ms: f64,
+    /// Work requests reaped at the teardown.
+    pub wr_reaped: u64,
+    /// Of those, sends (counted as dropped with reason `reaped`).
+    pub sends_reaped: u64,
+    /// Flush completions drained.
+    pub flushed: u64,
+    /// Whether the ledger balanced with nothing outstanding after the reap.
+    pub ledger_balanced: bool,
+    /// Open attempts that failed before the rebuild succeeded.
+    pub failed_attempts: u32,
+    /// Whether the device context, PD, registered memory and completion channel were
+    /// kept (only the QP and CQs were replaced); `false` after a device loss or when the
+    /// renewal failed, when everything was reopened.
+    #[serde(default)]
+    pub kept_device: bool,
+    /// Where the recovery time went (ms), in order; see [`Phases`].
+    #[serde(default)]
+    pub phases: Phases,
+    /// Whether the failed epoch's interface was lost (a poller panic): nothing was
+    /// drained or reaped, and `ledger_balanced` is `false` because its work requests
+    /// cannot be accounted for, not because a reap found them unbalanced.
+    #[serde(default)]
+    pub ledger_lost: bool,
+}
+
+/// Where one recovery's time went, in milliseconds, in the order the phases run. Their
+/// sum is `recovery_ms` up to the bookkeeping between them.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Phases {
+    /// From detection (in the poller) to the supervisor starting the restart: the
+    /// poller's exit and the hand-over.
+    pub handoff_ms: f64,
+    /// Moving the QP to the error state and draining flush completions.
+    pub drain_ms: f64,
+    /// Detaching the group, destroying the AHs and the endpoint, or, when kept, replacing
+    /// its QP and CQs (of which `renew_ms`).
+    pub destroy_ms: f64,
+    /// [`crate::verbs::Endpoint::renew`]: new CQs and QP brought up, the old destroyed.
+    pub renew_ms: f64,
+    /// Reaping and checking the ledger, and the backoff wait before the rebuild.
+    pub reap_ms: f64,
+    /// Opening the endpoint (context, PD, memory registration, channel, CQs, QP); zero
+    /// when kept.
+    pub open_ms: f64,
+    /// Creating the broadcast group's address handle.
+    pub ah_ms: f64,
+    /// Attaching the broadcast group.
+    pub attach_ms: f64,
+    /// Posting the receive ring.
+    pub fill_ms: f64,
+    /// Starting the poller and turning the carrier on (of which `spawn_ms` and
+    /// `carrier_ms`).
+    pub start_ms: f64,
+    /// Starting the poller: its poll set, registrations and thread (on one CPU the new
+    /// thread may run first: its gratuitous ARP is then in here too).
+    #[serde(default)]
+    pub spawn_ms: f64,
+    /// The TAP carrier on (`TUNSETCARRIER`).
+    #[serde(default)]
+    pub carrier_ms: f64,
+}
+
+/// Milliseconds, as the records and log lines give durations.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}

@@ -1,0 +1,206 @@
+//! The restart supervisor: one thread per interface that receives the interface whenever
+//! its poller gives it up, and brings it back.
+//!
+//! A poller hands its interface over (by value, on a crossbeam channel) when a CQ poll
+//! fails, a fatal asynchronous event or a device removal arrives, the send-stall
+//! watchdog fires, or an operator asks (`uipoib restart`). What happens then, and when,
+//! is decided by the restart machine ([`crate::iface::recovery`]: the sequence, the
+//! backoff, the circuit breaker, device loss and return); the supervisor's thread
+//! (`thread.rs`) feeds it what happened and performs what it asks: sets the TAP carrier
+//! off (the TAP and its address stay); tears the interface down ([`teardown`]: QP to
+//! error, flushes drained within a deadline on the wall clock, group detached, AHs,
+//! QP, CQs, channel, MR, PD and context destroyed or the endpoint kept with a new QP
+//! and CQs, every work request still outstanding reaped, the ledger checked); waits;
+//! opens the next epoch (re-posting the receive ring and re-attaching the broadcast
+//! group), adapts the TAP if the device came back with another GID or MTU, turns the
+//! carrier on and starts a fresh poller, which announces the new QPN with a gratuitous
+//! ARP; and keeps the status (`uipoib status`: state, dead reason, restart records).
+//!
+//! The QPs and CQs a renewal replaced are destroyed on a reaper thread (`reap-<tap>`,
+//! `reaper.rs`), never on the poller thread, once their grace is over (see
+//! [`crate::verbs::retire`]); a shutdown waits out what is left of the grace, at most
+//! [`SHUTDOWN_GRACE_CAP`]. A shutdown ends within [`SHUTDOWN_BOUND`] even if the poller
+//! hangs ([`Supervisor::finish_shutdown`]).
+
+mod reaper;
+pub mod teardown;
+mod thread;
+
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, unbounded};
+use serde::{Deserialize, Serialize};
+
+use crate::iface::stats::{Snapshot, Stats};
+use crate::iface::{Interface, Params};
+use crate::runtime::config::RestartPolicy;
+use crate::tap::TapDevice;
+use crate::verbs::Provider;
+use crate::verbs::retire::RETIRE_GRACE;
+
+pub use crate::iface::recovery::{HEALTHY_AFTER, Phases, RestartRecord};
+pub use teardown::Close;
+use thread::SupervisorThread;
+
+/// Restart records kept for `uipoib status`.
+pub const HISTORY_LEN: usize = 32;
+
+/// What a shutdown may take for stopping the poller and tearing the interface down: the
+/// flush drain ([`crate::iface::FLUSH_DEADLINE`]) and the destroys, of which one can block for 1.2 s
+/// (measured, see [`crate::verbs::retire`]), with room for several.
+pub const SHUTDOWN_TEARDOWN_BOUND: Duration = Duration::from_secs(5);
+
+/// Longest a shutdown waits for the QPs a renewal replaced to come due
+/// ([`RETIRE_GRACE`]): at most one whole grace.
+pub const SHUTDOWN_GRACE_CAP: Duration = RETIRE_GRACE;
+
+/// Longest a shutdown takes (15 s): [`SHUTDOWN_TEARDOWN_BOUND`] plus
+/// [`SHUTDOWN_GRACE_CAP`]. A supervisor (or poller) that has not ended by then is left
+/// behind, and the daemon exits without it.
+pub const SHUTDOWN_BOUND: Duration = SHUTDOWN_TEARDOWN_BOUND.saturating_add(SHUTDOWN_GRACE_CAP);
+
+/// What can be asked of a supervisor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// Restart the interface now (also revives a dead one).
+    Restart,
+    /// Tear down and end.
+    Shutdown,
+}
+
+/// What `uipoib status` shows.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Status {
+    /// `running`, `restarting`, `waiting-for-device`, `dead`, `stopping`, `stopped`.
+    pub state: String,
+    /// TAP name.
+    pub tap: String,
+    /// RDMA device.
+    pub device: String,
+    /// Local QPN of the current epoch.
+    pub qpn: u32,
+    /// Local GID of the current epoch.
+    pub gid: String,
+    /// IPoIB MTU.
+    pub mtu: u32,
+    /// Interface address.
+    pub addr: String,
+    /// Restart epoch (1 at start).
+    pub epoch: u16,
+    /// Restarts completed.
+    pub restarts: u64,
+    /// Why the interface is dead, when it is.
+    pub dead_reason: Option<String>,
+    /// The most recent restarts, oldest first.
+    pub history: Vec<RestartRecord>,
+    /// Whether the control socket serves fault injection (`--allow-faults`); filled in
+    /// by the control server.
+    #[serde(default)]
+    pub allow_faults: bool,
+    /// Control-socket peers refused for their uid; filled in by the control server.
+    #[serde(default)]
+    pub control_peers_refused: u64,
+}
+
+/// How one interface ended.
+#[derive(Debug)]
+pub struct Ended {
+    /// TAP name.
+    pub name: String,
+    /// Counters at the end.
+    pub stats: Snapshot,
+    /// The last teardown's ledger verdict.
+    pub ledger: Result<(), String>,
+}
+
+/// A running supervisor.
+pub struct Supervisor {
+    commands: Sender<Command>,
+    thread: Option<JoinHandle<()>>,
+    /// The thread's [`Ended`], sent as its last act.
+    ended: Receiver<Ended>,
+    name: String,
+}
+
+/// Everything a supervisor needs.
+pub struct Setup {
+    /// TAP name.
+    pub name: String,
+    /// How to rebuild the interface.
+    pub params: Params,
+    /// Restart policy.
+    pub policy: RestartPolicy,
+    /// The provider to reopen the device with.
+    pub provider: Arc<dyn Provider>,
+    /// The TAP (stays up across restarts).
+    pub tap: Arc<dyn TapDevice>,
+    /// Counters (outlive epochs).
+    pub stats: Arc<Stats>,
+    /// Status shown on the control socket.
+    pub status: Arc<Mutex<Status>>,
+}
+
+impl Supervisor {
+    /// Start supervising `first`, which is already open; its poller starts now.
+    pub fn spawn(setup: Setup, first: Interface) -> std::io::Result<Supervisor> {
+        let (commands, rx) = unbounded();
+        let (ended_tx, ended) = crossbeam_channel::bounded(1);
+        let name = setup.name.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("sup-{name}"))
+            .spawn(move || {
+                let e = SupervisorThread::new(setup, rx).run(first);
+                let _ = ended_tx.send(e);
+            })?;
+        Ok(Supervisor {
+            commands,
+            thread: Some(thread),
+            ended,
+            name,
+        })
+    }
+
+    /// A handle to send commands (for the control socket).
+    pub fn commands(&self) -> Sender<Command> {
+        self.commands.clone()
+    }
+
+    /// Ask for a restart.
+    pub fn restart(&self) {
+        let _ = self.commands.send(Command::Restart);
+    }
+
+    /// Tear down and wait for the end, at most [`SHUTDOWN_BOUND`]; `None` if it did not
+    /// end by then (see [`Supervisor::finish_shutdown`]).
+    pub fn shutdown(self) -> Option<Ended> {
+        self.begin_shutdown();
+        self.finish_shutdown(Instant::now() + SHUTDOWN_BOUND)
+    }
+
+    /// Ask for the teardown without waiting (several interfaces then stop together).
+    pub fn begin_shutdown(&self) {
+        let _ = self.commands.send(Command::Shutdown);
+    }
+
+    /// Wait for the end until `deadline`. `None` if the supervisor had not ended by then
+    /// (a hung poller or destroy): its threads are left behind, logged, and the caller
+    /// goes on (the daemon exits).
+    pub fn finish_shutdown(mut self, deadline: Instant) -> Option<Ended> {
+        match self.ended.recv_deadline(deadline) {
+            Ok(e) => {
+                if let Some(t) = self.thread.take()
+                    && t.join().is_err()
+                {
+                    tracing::error!(iface = %self.name, "supervisor thread panicked");
+                }
+                Some(e)
+            }
+            Err(_) => {
+                tracing::error!(iface = %self.name, "the interface did not stop in time: leaving its threads behind");
+                None
+            }
+        }
+    }
+}

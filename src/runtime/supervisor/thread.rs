@@ -1,0 +1,556 @@
+//! The supervisor's thread: it runs the poller, and when the poller hands the interface
+//! over it feeds the restart machine ([`Recovery`]) what happened and performs what the
+//! machine asks, until a new epoch runs, the interface is dead and waiting, or a shutdown
+//! comes. No restart policy is decided here.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crossbeam_channel::{Receiver, Sender, select, unbounded};
+
+use super::reaper::ReaperThread;
+use super::teardown::tear_down;
+use super::{Command, Ended, HISTORY_LEN, SHUTDOWN_GRACE_CAP, Setup};
+use crate::iface::neigh::Neighbours;
+use crate::iface::recovery::{
+    Action, Attempt, Event, Policy, Recovery, RestartRecord, Revival, ms,
+};
+use crate::iface::stats;
+use crate::iface::{FLUSH_DEADLINE, Failure, Interface, KeptEndpoint, OpenError, Teardown};
+use crate::runtime::config::RestartPolicy;
+use crate::runtime::poller::{Exit, Poller, SpawnFailed};
+use crate::tap::FrameIo;
+use crate::verbs::VerbsError;
+use crate::verbs::retire::{self, Reaper};
+
+/// The machine's policy from the configuration's.
+fn policy(p: &RestartPolicy) -> Policy {
+    Policy {
+        max_restarts: p.max_restarts,
+        window: p.window,
+        backoff_initial: p.backoff_initial,
+        backoff_max: p.backoff_max,
+    }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A shutdown came while the restart waited.
+struct Stop;
+
+/// The state of one supervisor's thread.
+pub(super) struct SupervisorThread {
+    s: Setup,
+    commands: Receiver<Command>,
+    exits_tx: Sender<Exit>,
+    exits: Receiver<Exit>,
+    machine: Recovery,
+    /// The live poller.
+    poller: Option<Poller>,
+    /// The poller that handed its interface over: joined once the restart is decided
+    /// (its exit is not on the restart's path; seen in the lab: 1-10 ms under TCG).
+    old_poller: Option<Poller>,
+    /// The interface in the restart's hands: handed over, or opened and not yet live.
+    iface: Option<Interface>,
+    neigh: Option<Neighbours>,
+    /// The endpoint the last teardown kept (QP and CQs renewed) for the next epoch.
+    kept: Option<KeptEndpoint>,
+    last_ledger: Result<(), String>,
+    /// Why the last open or poller start failed, for the machine's log line.
+    last_error: String,
+    /// The teardown under way is of an epoch whose poller could not be started.
+    start_failed: bool,
+    /// The reaper of the live endpoint, if its provider keeps replaced objects.
+    reaper: Option<Arc<dyn Reaper>>,
+    reaper_thread: ReaperThread,
+}
+
+impl SupervisorThread {
+    pub(super) fn new(s: Setup, commands: Receiver<Command>) -> Self {
+        let (exits_tx, exits) = unbounded();
+        SupervisorThread {
+            machine: Recovery::new(policy(&s.policy), 1, Instant::now()),
+            s,
+            commands,
+            exits_tx,
+            exits,
+            poller: None,
+            old_poller: None,
+            iface: None,
+            neigh: None,
+            kept: None,
+            last_ledger: Ok(()),
+            last_error: String::new(),
+            start_failed: false,
+            reaper: None,
+            reaper_thread: ReaperThread::default(),
+        }
+    }
+
+    pub(super) fn run(mut self, first: Interface) -> Ended {
+        match self.start_poller(first, self.machine.epoch()) {
+            Ok((p, _)) => self.poller = Some(p),
+            Err(f) => {
+                tracing::error!(iface = %self.s.name, error = %f.error, "starting the first poller failed: restarting");
+                let cause = Failure::PollerStart(f.error.to_string());
+                let untrusted = f.iface.untrusted();
+                self.iface = Some(*f.iface);
+                if !self.restart(cause, untrusted, Instant::now()) {
+                    return self.ended();
+                }
+            }
+        }
+        let mut shutting_down = false;
+        loop {
+            let Some(p) = self.poller.take() else {
+                tracing::error!(iface = %self.s.name, "no poller after a restart");
+                return self.ended();
+            };
+            let exit = select! {
+                recv(self.commands) -> c => {
+                    self.poller = Some(p);
+                    match c {
+                        Ok(Command::Restart) => {
+                            // The machine asks the poller to hand over.
+                            let _ = self.drive(Event::Operator);
+                        }
+                        Ok(Command::Shutdown) | Err(_) => {
+                            shutting_down = true;
+                            self.set_state("stopping");
+                            if let Some(p) = &self.poller {
+                                p.stop();
+                            }
+                        }
+                    }
+                    continue;
+                }
+                recv(self.exits) -> e => e,
+            };
+            let Ok(exit) = exit else {
+                p.join();
+                return self.ended();
+            };
+            let (iface, cause, at) = match exit {
+                Exit::Stopped { iface, .. } => {
+                    p.join();
+                    self.final_teardown(*iface);
+                    return self.ended();
+                }
+                Exit::Failed {
+                    iface, cause, at, ..
+                } => (Some(*iface), cause, at),
+                Exit::Panicked { message, at, .. } => (None, Failure::PollerPanicked(message), at),
+            };
+            if shutting_down {
+                p.join();
+                match iface {
+                    Some(iface) => self.final_teardown(iface),
+                    None => self.last_ledger = Err(self.lost_ledger()),
+                }
+                return self.ended();
+            }
+            let untrusted = iface.as_ref().is_some_and(Interface::untrusted);
+            self.iface = iface;
+            self.old_poller = Some(p);
+            if !self.restart(cause, untrusted, at) {
+                return self.ended();
+            }
+        }
+    }
+
+    /// Bring the interface back after `cause` (detected at `at`): `false` if a shutdown
+    /// came first.
+    fn restart(&mut self, cause: Failure, untrusted: bool, at: Instant) -> bool {
+        tracing::warn!(iface = %self.s.name, cause = cause.kind(), detail = %cause, epoch = self.machine.epoch(), "restarting the interface");
+        self.drive(Event::Failed {
+            cause,
+            untrusted,
+            detected: at,
+        })
+    }
+
+    /// Feed `ev` to the machine and perform what it asks, feeding back each outcome,
+    /// until it asks for nothing more (a poller runs) or a shutdown comes (`false`).
+    fn drive(&mut self, mut ev: Event) -> bool {
+        loop {
+            let actions = self.machine.handle(ev, Instant::now(), unix_ms());
+            let mut next = None;
+            for a in actions {
+                match self.perform(a) {
+                    Ok(Some(e)) => next = Some(e),
+                    Ok(None) => {}
+                    Err(Stop) => {
+                        self.join_old_poller();
+                        return false;
+                    }
+                }
+            }
+            match next {
+                Some(e) => ev = e,
+                None => return true,
+            }
+        }
+    }
+
+    /// Perform one action; its outcome, if it has one.
+    fn perform(&mut self, a: Action) -> Result<Option<Event>, Stop> {
+        Ok(match a {
+            Action::CarrierOff => {
+                self.carrier(false);
+                None
+            }
+            Action::Status(s) => {
+                self.set_state(s.as_str());
+                None
+            }
+            Action::ForgetLost => Some(Event::TornDown(self.forget_lost())),
+            Action::TearDown { drain, keep } => self.tear_down(drain, keep),
+            Action::CloseKept => {
+                if let Some(k) = self.kept.take() {
+                    k.close(self.neigh.as_mut(), &self.s.stats);
+                }
+                None
+            }
+            Action::Open { epoch, on_kept } => Some(self.open(epoch, on_kept)),
+            Action::CloseProbe => {
+                if let Some(iface) = self.iface.take() {
+                    let (t, neigh, _) = tear_down(iface, Duration::ZERO, None, false);
+                    self.neigh = Some(neigh);
+                    if t.ledger.is_err() {
+                        tracing::error!(iface = %self.s.name, "ledger of a probe open does not balance");
+                    }
+                }
+                None
+            }
+            Action::StartPoller { epoch } => Some(self.go_live(epoch)),
+            Action::WaitUntil(t) => Some(match self.commands.recv_deadline(t) {
+                Ok(Command::Restart) => Event::Operator,
+                Ok(Command::Shutdown) => return Err(Stop),
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => Event::Tick,
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Err(Stop),
+            }),
+            Action::WaitForOperator => match self.commands.recv() {
+                Ok(Command::Restart) => Some(Event::Operator),
+                _ => return Err(Stop),
+            },
+            Action::HandOver => {
+                if let Some(p) = &self.poller {
+                    p.restart();
+                }
+                None
+            }
+            Action::AttemptFailed {
+                attempts,
+                what,
+                log,
+            } => {
+                if log {
+                    let error = &self.last_error;
+                    match what {
+                        Attempt::Open => {
+                            tracing::warn!(iface = %self.s.name, %error, attempts, "reopening the device failed; will retry")
+                        }
+                        Attempt::Start => {
+                            tracing::warn!(iface = %self.s.name, %error, attempts, "starting the poller failed; will retry")
+                        }
+                    }
+                }
+                None
+            }
+            Action::Revive(Revival::Operator) => {
+                tracing::info!(iface = %self.s.name, "operator restart: reviving the dead interface");
+                None
+            }
+            Action::Revive(Revival::DeviceReturned) => {
+                tracing::info!(iface = %self.s.name, "the device returned: reviving the dead interface");
+                None
+            }
+            Action::Dead { why, record } => {
+                tracing::error!(iface = %self.s.name, %why, "circuit breaker tripped: interface declared dead; `uipoib restart` revives it");
+                self.push_record(record);
+                if let Ok(mut st) = self.s.status.lock() {
+                    st.state = "dead".into();
+                    st.dead_reason = Some(why);
+                }
+                self.join_old_poller();
+                None
+            }
+            Action::Recovered(record) => {
+                self.recovered(record);
+                self.join_old_poller();
+                None
+            }
+        })
+    }
+
+    /// The interface was lost in a panic: its endpoint was dropped by the unwind, and its
+    /// neighbour table with it. Nothing to drain or reap; nothing balanced.
+    fn forget_lost(&mut self) -> Teardown {
+        self.iface = None;
+        self.neigh = None;
+        self.kept = None;
+        self.reaper = None;
+        let t = Teardown {
+            reaped: 0,
+            sends_reaped: 0,
+            flushed: 0,
+            drain: Duration::ZERO,
+            destroy: Duration::ZERO,
+            errors: 0,
+            ledger: Err(self.lost_ledger()),
+            kept: false,
+            renew: Duration::ZERO,
+        };
+        self.torn_down(&t);
+        t
+    }
+
+    /// Tear down the interface in hand: drained (on the wall clock, at most
+    /// [`FLUSH_DEADLINE`]) or not; its endpoint kept (QP and CQs renewed) or closed.
+    fn tear_down(&mut self, drain: bool, keep: bool) -> Option<Event> {
+        let iface = self.iface.take()?;
+        let deadline = if drain {
+            FLUSH_DEADLINE
+        } else {
+            Duration::ZERO
+        };
+        // Kept, the TAP takes what the drain delivers; a lost device delivers nothing.
+        let tap: Option<&dyn FrameIo> = if keep { Some(&*self.s.tap) } else { None };
+        let (t, neigh, kept) = tear_down(iface, deadline, tap, keep);
+        self.neigh = Some(neigh);
+        self.kept = kept;
+        self.torn_down(&t);
+        Some(Event::TornDown(t))
+    }
+
+    /// What every teardown of a restart says, and keeps.
+    fn torn_down(&mut self, t: &Teardown) {
+        if let Err(e) = &t.ledger {
+            tracing::error!(iface = %self.s.name, error = %e, "ledger does not balance after the reap");
+        }
+        self.last_ledger = t.ledger.clone();
+        // Kept, the rebuild follows at once and its summary line says all this: no log
+        // write on the critical path (in the lab a line costs milliseconds). After a
+        // failed poller start, the attempt's line was said.
+        if !t.kept && !std::mem::take(&mut self.start_failed) {
+            let handoff_ms = self.machine.record().phases.handoff_ms;
+            tracing::info!(
+                iface = %self.s.name, reaped = t.reaped, sends_reaped = t.sends_reaped,
+                flushed = t.flushed, destroy_errors = t.errors, kept_device = t.kept,
+                handoff_ms, drain_ms = ms(t.drain), destroy_ms = ms(t.destroy),
+                "torn down"
+            );
+        }
+        self.start_failed = false;
+    }
+
+    /// Open epoch `epoch` on the kept endpoint or from scratch, timed on the wall clock.
+    fn open(&mut self, epoch: u16, on_kept: bool) -> Event {
+        let clock = &Instant::now;
+        let s = &self.s;
+        let opened = if on_kept {
+            let Some(kept) = self.kept.take() else {
+                // Nothing kept after all: the same attempt opens the device.
+                return Event::OpenFailed {
+                    on_kept,
+                    no_device: false,
+                };
+            };
+            Interface::reopen_timed(
+                kept,
+                &s.params,
+                s.stats.clone(),
+                epoch,
+                &mut self.neigh,
+                clock,
+            )
+        } else {
+            Interface::open_timed(
+                s.provider.as_ref(),
+                &s.params,
+                s.stats.clone(),
+                epoch,
+                &mut self.neigh,
+                clock,
+            )
+        };
+        match opened {
+            Ok(iface) => {
+                let times = iface.open_times();
+                self.iface = Some(iface);
+                Event::Opened { on_kept, times }
+            }
+            Err(e) => {
+                if on_kept {
+                    tracing::warn!(iface = %self.s.name, error = %e, "rebuilding on the kept endpoint failed: opening the device again");
+                }
+                let no_device = matches!(e, OpenError::Verbs(VerbsError::NoDevice(_)));
+                self.last_error = e.to_string();
+                Event::OpenFailed { on_kept, no_device }
+            }
+        }
+    }
+
+    /// Put the opened epoch to work: adapt the TAP if the device came back with another
+    /// GID or MTU, start the poller with the carrier on. If the poller cannot start, the
+    /// interface comes back.
+    fn go_live(&mut self, epoch: u16) -> Event {
+        let Some(iface) = self.iface.take() else {
+            return Event::PollerStartFailed;
+        };
+        let old = self.s.status.lock().ok().map(|s| (s.gid.clone(), s.mtu));
+        if let Some((gid, mtu)) = &old
+            && (*gid != iface.hw_addr().gid.to_string() || *mtu != iface.mtu() as u32)
+        {
+            tracing::warn!(iface = %self.s.name, old_gid = %gid, new_gid = %iface.hw_addr().gid, old_mtu = mtu, new_mtu = iface.mtu(), "the device came back with a different GID or MTU: reconfiguring the TAP");
+            if let Err(e) = self.s.tap.reconfigure(iface.mac(), iface.mtu()) {
+                tracing::error!(iface = %self.s.name, error = %e, "reconfiguring the TAP failed");
+            }
+        }
+        match self.start_poller(iface, epoch) {
+            Ok((p, (spawn, carrier))) => {
+                self.poller = Some(p);
+                Event::PollerStarted { spawn, carrier }
+            }
+            Err(f) => {
+                self.last_error = f.error.to_string();
+                self.iface = Some(*f.iface);
+                self.start_failed = true;
+                Event::PollerStartFailed
+            }
+        }
+    }
+
+    /// A restart is complete: count it, say it, record it.
+    fn recovered(&mut self, record: RestartRecord) {
+        stats::add(&self.s.stats.restarts, 1);
+        if let Ok(mut st) = self.s.status.lock() {
+            st.restarts += 1;
+        }
+        tracing::info!(
+            iface = %self.s.name, epoch = record.epoch, recovery_ms = record.recovery_ms,
+            kept_device = record.kept_device, reaped = record.wr_reaped,
+            sends_reaped = record.sends_reaped, flushed = record.flushed,
+            ledger_balanced = record.ledger_balanced, phases = ?record.phases,
+            "interface running again"
+        );
+        self.push_record(record);
+    }
+
+    fn push_record(&self, r: RestartRecord) {
+        if let Ok(mut st) = self.s.status.lock() {
+            st.history.push(r);
+            if st.history.len() > HISTORY_LEN {
+                st.history.remove(0);
+            }
+        }
+    }
+
+    fn join_old_poller(&mut self) {
+        if let Some(p) = self.old_poller.take() {
+            p.join();
+        }
+    }
+
+    /// Give the live endpoint's reaper to the reaper thread (started on first use).
+    fn watch_retired(&mut self, iface: &mut Interface) {
+        self.reaper = iface.endpoint_mut().reaper();
+        let Some(r) = self.reaper.clone() else {
+            return;
+        };
+        if let Err(e) = self.reaper_thread.watch(&self.s.name, r) {
+            // The endpoint's teardown destroys them all, later than their grace.
+            tracing::error!(iface = %self.s.name, error = %e, "starting the reaper thread failed: replaced QPs wait for the teardown");
+        }
+    }
+
+    /// A shutdown: destroy the replaced QPs and CQs as they come due, for at most
+    /// [`SHUTDOWN_GRACE_CAP`] (the teardown destroys the rest).
+    fn wait_out_grace(&self) {
+        if let Some(r) = &self.reaper
+            && r.next_due().is_some()
+        {
+            let start = Instant::now();
+            let done = retire::wait_out_grace(r.as_ref(), SHUTDOWN_GRACE_CAP);
+            tracing::info!(iface = %self.s.name, waited_ms = ms(start.elapsed()), all_due = done, "waited for the replaced QPs' grace before the teardown");
+        }
+    }
+
+    /// Tear down at a shutdown: the replaced QPs' grace first, then everything.
+    fn final_teardown(&mut self, iface: Interface) {
+        self.wait_out_grace();
+        let (t, _, _) = tear_down(iface, FLUSH_DEADLINE, Some(&*self.s.tap), false);
+        self.last_ledger = t.ledger;
+    }
+
+    fn set_state(&self, state: &str) {
+        if let Ok(mut st) = self.s.status.lock() {
+            st.state = state.to_string();
+        }
+    }
+
+    fn carrier(&self, on: bool) {
+        if let Err(e) = self.s.tap.set_carrier(on) {
+            tracing::warn!(iface = %self.s.name, error = %e, "setting the TAP carrier failed");
+        }
+    }
+
+    /// Start a poller on `iface` (epoch `epoch`) and turn the carrier on; with the time
+    /// the thread and its registration took, then the carrier. On failure the interface
+    /// comes back.
+    fn start_poller(
+        &mut self,
+        mut iface: Interface,
+        epoch: u16,
+    ) -> Result<(Poller, (Duration, Duration)), SpawnFailed> {
+        let hw = iface.hw_addr();
+        let mtu = iface.mtu() as u32;
+        self.watch_retired(&mut iface);
+        let start = Instant::now();
+        let p = Poller::try_spawn(
+            self.s.name.clone(),
+            iface,
+            self.s.tap.clone(),
+            self.exits_tx.clone(),
+        )?;
+        let spawned = start.elapsed();
+        if let Ok(mut st) = self.s.status.lock() {
+            st.state = "running".into();
+            st.qpn = hw.qpn;
+            st.gid = hw.gid.to_string();
+            st.mtu = mtu;
+            st.epoch = epoch;
+            st.dead_reason = None;
+        }
+        self.carrier(true);
+        Ok((p, (spawned, start.elapsed() - spawned)))
+    }
+
+    fn ended(&mut self) -> Ended {
+        // The reaper thread ends once told (after a destroy in progress, if any).
+        self.reaper = None;
+        if !self.reaper_thread.end() {
+            tracing::error!(iface = %self.s.name, "reaper thread panicked");
+        }
+        self.set_state("stopped");
+        Ended {
+            name: self.s.name.clone(),
+            stats: self.s.stats.snapshot(),
+            ledger: self.last_ledger.clone(),
+        }
+    }
+
+    /// The ledger verdict of an epoch whose interface was lost with its poller.
+    fn lost_ledger(&self) -> String {
+        format!(
+            "epoch {}'s interface was lost in a poller panic: its work requests cannot be \
+             accounted for",
+            self.machine.epoch()
+        )
+    }
+}
