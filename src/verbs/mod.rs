@@ -3,8 +3,10 @@
 //! Everything above this module talks to an RDMA device through the [`Provider`] and
 //! [`Endpoint`] traits defined here, never through `rdma-sys` types. Two providers exist:
 //! [`rdma::RdmaProvider`] over libibverbs (the only place in the crate with `unsafe`), and
-//! [`sim::SimFabric`], a deterministic in-process fabric that is a test double for tests
-//! and benches (nothing measured "over rxe" uses it).
+//! `sim::SimFabric`, a deterministic in-process fabric that is a test double for tests
+//! and benches (nothing measured "over rxe" uses it). The simulated fabric is compiled
+//! only with the `sim` feature, which the tests, benches and examples turn on and the
+//! daemon's release build does not.
 //!
 //! An [`Endpoint`] bundles what one IPoIB-like interface needs on one port: protection
 //! domain, registered buffer memory (receive and send slots), one completion channel, a
@@ -26,6 +28,7 @@
 pub mod fault;
 pub mod rdma;
 pub mod retire;
+#[cfg(feature = "sim")]
 pub mod sim;
 
 use std::io;

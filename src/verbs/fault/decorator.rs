@@ -977,7 +977,7 @@ impl FaultyEndpoint {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sim"))]
 mod tests {
     use super::*;
     use crate::verbs::fault::CqSel;
