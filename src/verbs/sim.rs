@@ -26,7 +26,7 @@
 //! - a send whose Q_Key has the high bit set uses the sending QP's own Q_Key (IBA
 //!   10.2.5);
 //! - a CQ armed with `req_notify` raises exactly one event for the next completion and
-//!   wakes the registered completion channel; a completion on an unarmed CQ raises none
+//!   wakes the watched completion channel; a completion on an unarmed CQ raises none
 //!   (the missed-event race the poll loop closes by polling after arming);
 //! - a QP moved to the error state flushes every posted receive and every held send, in
 //!   posting order, and flushes everything posted afterwards.
@@ -80,7 +80,7 @@ use super::retire::{Destroy, RETIRED_CAP, Reaper, RetireQueue};
 
 use super::{
     AhHandle, AsyncEvent, Completion, CqKind, Endpoint, EndpointAttrs, EndpointConfig, GRH_LEN,
-    Gid, GrhKind, MULTICAST_QPN, PostSendError, Provider, SendWr, VerbsError, WcStatus,
+    Gid, GrhKind, MULTICAST_QPN, PostSendError, Provider, SendWr, VerbsError, WaitFds, WcStatus,
 };
 
 /// First QPN handed out on a fresh fabric (rxe's first UD QP on a fresh host is 17).
@@ -991,7 +991,7 @@ struct SimEndpoint {
     polled: Vec<RecvCqe>,
     /// Packet buffers of the last poll, returned to the pool by the next.
     spare: Vec<Vec<u8>>,
-    /// Read end of the simulated completion channel, while registered.
+    /// Read end of the simulated completion channel, while watched.
     channel: Option<UnixStream>,
     /// QPs renewals replaced, until the reaper (or the drop) destroys them.
     retired: Arc<RetireQueue<SimRetired>>,
@@ -1214,23 +1214,14 @@ impl Endpoint for SimEndpoint {
         Ok(())
     }
 
-    /// Registers the simulated completion channel (the read end of a socket pair) under
-    /// `cq_token`. The simulated fabric raises no asynchronous events, so nothing is
-    /// registered for `async_token`.
-    fn register(
-        &mut self,
-        registry: &mio::Registry,
-        cq_token: mio::Token,
-        _async_token: mio::Token,
-    ) -> io::Result<()> {
+    /// Makes the simulated completion channel (the read end of a socket pair) and gives
+    /// its fd. The simulated fabric raises no asynchronous events, so there is no event
+    /// fd.
+    fn watch(&mut self) -> io::Result<WaitFds> {
         let (rx, tx) = UnixStream::pair()?;
         rx.set_nonblocking(true)?;
         tx.set_nonblocking(true)?;
-        registry.register(
-            &mut mio::unix::SourceFd(&rx.as_raw_fd()),
-            cq_token,
-            mio::Interest::READABLE,
-        )?;
+        let fd = rx.as_raw_fd();
         let notifier = Arc::new(Notifier { tx });
         let mut st = lock(&self.qp.state);
         let pending = st.events != [0, 0];
@@ -1241,16 +1232,16 @@ impl Endpoint for SimEndpoint {
         if pending {
             notifier.wake()?;
         }
-        Ok(())
+        Ok(WaitFds {
+            cq: vec![fd],
+            events: Vec::new(),
+        })
     }
 
-    /// Removes the channel from the poll set and closes it.
-    fn deregister(&mut self, registry: &mio::Registry) -> io::Result<()> {
+    /// Closes the channel.
+    fn unwatch(&mut self) {
         lock(&self.qp.state).waker = None;
-        if let Some(rx) = self.channel.take() {
-            registry.deregister(&mut mio::unix::SourceFd(&rx.as_raw_fd()))?;
-        }
-        Ok(())
+        self.channel = None;
     }
 
     fn take_cq_events(&mut self) -> Result<(u32, u32), VerbsError> {
@@ -1407,7 +1398,7 @@ impl SimEndpoint {
         } else {
             self.retired.retire(Instant::now(), old)?;
         }
-        // The completion channel stays: a registered one now hears the new QP.
+        // The completion channel stays: a watched one now hears the new QP.
         let waker = lock(&self.qp.state).waker.take();
         lock(&qp.state).waker = waker;
         self.qp = qp;
@@ -1444,8 +1435,9 @@ impl Drop for SimEndpoint {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use mio::unix::SourceFd;
     use std::time::Duration;
 
     const QKEY: u32 = 0x0B1B_0001;
@@ -1474,6 +1466,33 @@ mod tests {
 
     fn open(f: &SimFabric, device: &str) -> Box<dyn Endpoint> {
         f.open(&cfg(device)).unwrap()
+    }
+
+    /// What the poller does with [`Endpoint::watch`]: every completion fd into
+    /// `registry` under `cq`, every event fd under `events`.
+    pub(crate) fn watch_with(
+        ep: &mut dyn Endpoint,
+        registry: &mio::Registry,
+        cq: mio::Token,
+        events: mio::Token,
+    ) -> WaitFds {
+        let fds = ep.watch().unwrap();
+        for (list, token) in [(&fds.cq, cq), (&fds.events, events)] {
+            for fd in list {
+                registry
+                    .register(&mut SourceFd(fd), token, mio::Interest::READABLE)
+                    .unwrap();
+            }
+        }
+        fds
+    }
+
+    /// Undo [`watch_with`].
+    pub(crate) fn unwatch_with(ep: &mut dyn Endpoint, registry: &mio::Registry, fds: &WaitFds) {
+        for fd in fds.cq.iter().chain(&fds.events) {
+            registry.deregister(&mut SourceFd(fd)).unwrap();
+        }
+        ep.unwatch();
     }
 
     fn open_err(f: &SimFabric, cfg: &EndpointConfig) -> VerbsError {
@@ -2095,7 +2114,7 @@ mod tests {
         let mut poll = mio::Poll::new().unwrap();
         let mut events = mio::Events::with_capacity(8);
         const CQ: mio::Token = mio::Token(1);
-        b.register(poll.registry(), CQ, mio::Token(2)).unwrap();
+        let fds = watch_with(&mut *b, poll.registry(), CQ, mio::Token(2));
         let ah = a.create_ah(&Gid::from_ipv4(B_IP)).unwrap();
         let qpn = b.attrs().qpn;
         for i in 0..4 {
@@ -2140,8 +2159,8 @@ mod tests {
         assert_eq!(events.iter().count(), 1);
         assert_eq!(b.take_cq_events().unwrap(), (1, 0));
 
-        // Deregistered: events still counted, nobody woken.
-        b.deregister(poll.registry()).unwrap();
+        // Unwatched: events still counted, nobody woken.
+        unwatch_with(&mut *b, poll.registry(), &fds);
         b.req_notify(CqKind::Recv).unwrap();
         b.post_recv(9, 0).unwrap();
         poll.poll(&mut events, short).unwrap();
@@ -2151,7 +2170,7 @@ mod tests {
     }
 
     #[test]
-    fn register_with_pending_events_wakes_at_once() {
+    fn watch_with_pending_events_wakes_at_once() {
         let f = fabric();
         let mut a = open(&f, "a");
         a.req_notify(CqKind::Recv).unwrap();
@@ -2159,8 +2178,7 @@ mod tests {
         a.post_recv(1, 0).unwrap();
         let mut poll = mio::Poll::new().unwrap();
         let mut events = mio::Events::with_capacity(8);
-        a.register(poll.registry(), mio::Token(7), mio::Token(8))
-            .unwrap();
+        watch_with(&mut *a, poll.registry(), mio::Token(7), mio::Token(8));
         poll.poll(&mut events, Some(Duration::from_secs(5)))
             .unwrap();
         assert_eq!(
@@ -2182,8 +2200,7 @@ mod tests {
             ep.post_recv(1, 0).unwrap();
         }
         let mut poll = mio::Poll::new().unwrap();
-        b.register(poll.registry(), mio::Token(1), mio::Token(2))
-            .unwrap();
+        watch_with(&mut *b, poll.registry(), mio::Token(1), mio::Token(2));
         let b_qpn = b.attrs().qpn;
         assert_eq!((f.live_qps(), f.mcast_groups()), (3, 1));
         drop(b);
@@ -2216,10 +2233,9 @@ mod tests {
         b.send_buf(2)[..4].copy_from_slice(b"kept");
         let to_a = b.create_ah(&Gid::from_ipv4(A_IP)).unwrap();
         let old = b.attrs().qpn;
-        // Registered as a poll source while renewing: the channel hears the new QP.
+        // Watched while renewing: the channel hears the new QP.
         let poll = mio::Poll::new().unwrap();
-        b.register(poll.registry(), mio::Token(1), mio::Token(2))
-            .unwrap();
+        let fds = watch_with(&mut *b, poll.registry(), mio::Token(1), mio::Token(2));
         assert_eq!((f.opens(), f.renewals()), (2, 0));
         b.renew().unwrap();
         assert_eq!((f.opens(), f.renewals()), (2, 1), "no open, one renewal");
@@ -2257,7 +2273,7 @@ mod tests {
         a.post_recv(1, 0).unwrap();
         send(&mut *b, to_a, a.attrs().qpn, QKEY, 3, b"back");
         assert_eq!(poll_all(&mut *a, CqKind::Recv).len(), 1);
-        b.deregister(poll.registry()).unwrap();
+        unwatch_with(&mut *b, poll.registry(), &fds);
     }
 
     #[test]

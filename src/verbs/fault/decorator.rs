@@ -27,8 +27,8 @@
 //! Besides: `hide_device` makes `open` fail with [`VerbsError::NoDevice`], as after a
 //! device removal; for the supervisor's tests, `panic_next_poll` makes the next `poll_cq`
 //! panic (a bug in the poller thread), `hang_polls` makes `poll_cq` block until cleared
-//! (a hung poller), and `fail_registers` makes the next registrations with a poll set
-//! fail (a poller that cannot start). Every hit is recorded ([`FaultSwitch::injections`]), in order, so a
+//! (a hung poller), and `fail_registers` makes the next [`Endpoint::watch`] calls,
+//! which a poller makes to fill its poll set, fail (a poller that cannot start). Every hit is recorded ([`FaultSwitch::injections`]), in order, so a
 //! seeded run can be compared with another.
 //!
 //! Cost when nothing is armed: one relaxed atomic load per verb call on the datapath
@@ -49,7 +49,7 @@ use serde::Serialize;
 use super::{Fault, FaultKind, FaultSpec, Schedule, SplitMix64, Trigger};
 use crate::verbs::{
     AhHandle, AsyncEvent, Completion, CqKind, Endpoint, EndpointAttrs, EndpointConfig, Gid,
-    PostRecvError, PostSendError, Provider, RecvWr, SendWr, VerbsError, WcStatus,
+    PostRecvError, PostSendError, Provider, RecvWr, SendWr, VerbsError, WaitFds, WcStatus,
 };
 
 /// Injections kept for [`FaultSwitch::injections`] (older ones are forgotten; the total
@@ -312,7 +312,7 @@ impl FaultSwitch {
         self.mask.fetch_and(!bit(kind), Ordering::Relaxed);
     }
 
-    /// Deliver `ev` through the async source of the (registered) endpoints.
+    /// Deliver `ev` through the async source of the (watched) endpoints.
     pub fn inject_async(&self, ev: AsyncEvent) {
         lock(&self.async_events).push_back(ev);
         for ep in lock(&self.endpoints).iter() {
@@ -350,7 +350,8 @@ impl FaultSwitch {
         }
     }
 
-    /// Make the next `n` [`Endpoint::register`] calls fail.
+    /// Make the next `n` [`Endpoint::watch`] calls fail: the poller cannot put the
+    /// endpoint in its poll set, so it cannot start.
     pub fn fail_registers(&self, n: u64) {
         self.fail_registers.store(n, Ordering::SeqCst);
     }
@@ -812,12 +813,7 @@ impl Endpoint for FaultyEndpoint {
     fn req_notify(&mut self, cq: CqKind) -> Result<(), VerbsError> {
         self.inner.req_notify(cq)
     }
-    fn register(
-        &mut self,
-        registry: &mio::Registry,
-        cq_token: mio::Token,
-        async_token: mio::Token,
-    ) -> io::Result<()> {
+    fn watch(&mut self) -> io::Result<WaitFds> {
         if self
             .switch
             .fail_registers
@@ -826,44 +822,42 @@ impl Endpoint for FaultyEndpoint {
         {
             return Err(io::Error::other("injected registration failure"));
         }
-        self.inner.register(registry, cq_token, async_token)?;
-        // Two sources of our own beside the device's: one under the completion-channel
-        // token (spurious events) and one under the async token (injected events).
-        let mut wakers = Vec::with_capacity(2);
-        for token in [cq_token, async_token] {
+        let mut fds = self.inner.watch()?;
+        // Two sources of our own beside the device's: one waited on with the completion
+        // channel (spurious events) and one with the async fds (injected events).
+        let pair = || -> io::Result<(UnixStream, UnixStream)> {
             let (rx, tx) = UnixStream::pair()?;
             rx.set_nonblocking(true)?;
             tx.set_nonblocking(true)?;
-            registry.register(
-                &mut mio::unix::SourceFd(&rx.as_raw_fd()),
-                token,
-                mio::Interest::READABLE,
-            )?;
-            wakers.push((rx, tx));
-        }
-        let (async_rx, async_tx) = wakers.pop().ok_or(io::ErrorKind::Other)?;
-        let (cq_rx, cq_tx) = wakers.pop().ok_or(io::ErrorKind::Other)?;
+            Ok((rx, tx))
+        };
+        let (cq_rx, cq_tx, async_rx, async_tx) = match (pair(), pair()) {
+            (Ok((cq_rx, cq_tx)), Ok((async_rx, async_tx))) => (cq_rx, cq_tx, async_rx, async_tx),
+            (Err(e), _) | (_, Err(e)) => {
+                // Leave nothing half-watched.
+                self.inner.unwatch();
+                return Err(e);
+            }
+        };
         if !lock(&self.switch.async_events).is_empty() {
             let _ = (&async_tx).write(&[1]);
         }
         if self.shared.spurious.load(Ordering::SeqCst) != 0 {
             let _ = (&cq_tx).write(&[1]);
         }
+        fds.cq.push(cq_rx.as_raw_fd());
+        fds.events.push(async_rx.as_raw_fd());
         *lock(&self.shared.async_waker) = Some(async_tx);
         *lock(&self.shared.cq_waker) = Some(cq_tx);
         self.async_rx = Some(async_rx);
         self.cq_rx = Some(cq_rx);
-        Ok(())
+        Ok(fds)
     }
-    fn deregister(&mut self, registry: &mio::Registry) -> io::Result<()> {
-        for rx in [self.async_rx.take(), self.cq_rx.take()]
-            .into_iter()
-            .flatten()
-        {
-            let _ = registry.deregister(&mut mio::unix::SourceFd(&rx.as_raw_fd()));
-        }
+    fn unwatch(&mut self) {
+        self.async_rx = None;
+        self.cq_rx = None;
         self.drop_wakers();
-        self.inner.deregister(registry)
+        self.inner.unwatch();
     }
     fn take_cq_events(&mut self) -> Result<(u32, u32), VerbsError> {
         let (r, s) = self.inner.take_cq_events()?;
@@ -956,7 +950,7 @@ impl FaultyEndpoint {
         self.failed = false;
         self.switch.unstall(&self.shared);
         // A new id, as a new open would have: injections name the QP they hit. The
-        // wakers (set while registered) move over.
+        // wakers (set while watched) move over.
         let shared = Arc::new(EpShared {
             id: self.switch.next_id.fetch_add(1, Ordering::SeqCst),
             spurious: AtomicU32::new(0),
@@ -982,6 +976,7 @@ mod tests {
     use super::*;
     use crate::verbs::fault::CqSel;
     use crate::verbs::sim::SimFabric;
+    use crate::verbs::sim::tests::{unwatch_with, watch_with};
     use crate::verbs::{Dest, GRH_LEN};
     use std::net::Ipv4Addr;
     use std::time::Duration;
@@ -1241,8 +1236,7 @@ mod tests {
     fn spurious_event_wakes_a_registered_channel() {
         let mut r = rig();
         let mut poll_ = mio::Poll::new().unwrap();
-        r.a.register(poll_.registry(), mio::Token(1), mio::Token(2))
-            .unwrap();
+        let fds = watch_with(&mut *r.a, poll_.registry(), mio::Token(1), mio::Token(2));
         r.switch.arm(FaultSpec::new(Fault::SpuriousEvent));
         let mut events = mio::Events::with_capacity(8);
         poll_
@@ -1250,7 +1244,7 @@ mod tests {
             .unwrap();
         assert!(events.iter().any(|e| e.token() == mio::Token(1)));
         assert_eq!(r.a.take_cq_events().unwrap(), (1, 0));
-        r.a.deregister(poll_.registry()).unwrap();
+        unwatch_with(&mut *r.a, poll_.registry(), &fds);
     }
 
     #[test]

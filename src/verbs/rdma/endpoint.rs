@@ -7,7 +7,7 @@
 //! verbs async fd (drivers with disassociate support, e.g. mlx5; later verbs fail with
 //! `EIO`), and rdma_cm's `DEVICE_REMOVAL` on the removal watcher (`super::cm`; the only
 //! signal rxe gives when its link is deleted). Both reach the caller through
-//! [`Endpoint::next_async_event`] (one mio token covers both fds) as
+//! [`Endpoint::next_async_event`] (both fds are in [`WaitFds::events`], one wait covers both) as
 //! [`AsyncEvent::DeviceFatal`] / [`AsyncEvent::DeviceRemoved`], and the endpoint remembers
 //! the loss: from then on `EIO` from a destroy or detach means "already destroyed"
 //! ([`RdmaProvider::teardown_already_gone`](super::RdmaProvider::teardown_already_gone)),
@@ -20,12 +20,10 @@
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, UdpSocket};
 use std::os::raw::{c_int, c_void};
-use std::os::unix::io::RawFd;
 use std::ptr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use mio::unix::SourceFd;
 use rdma_sys::*;
 
 use super::cm::{self, CM_EVENT_DEVICE_REMOVAL, RemovalWatcher};
@@ -37,7 +35,7 @@ use super::objects::{
 use crate::verbs::retire::{Destroy, RETIRE_GRACE, RETIRED_CAP, Reaper, RetireQueue};
 use crate::verbs::{
     AhHandle, AsyncEvent, Completion, CqKind, Endpoint, EndpointAttrs, EndpointConfig, Gid,
-    GrhKind, PostRecvError, PostSendError, RecvWr, SendWr, VerbsError, WcStatus,
+    GrhKind, PostRecvError, PostSendError, RecvWr, SendWr, VerbsError, WaitFds, WcStatus,
 };
 
 /// Inline data asked for at QP creation: enough for ARP and TCP ACK sized IPoIB packets,
@@ -1349,46 +1347,19 @@ impl Endpoint for RdmaEndpoint {
         }
     }
 
-    fn register(
-        &mut self,
-        registry: &mio::Registry,
-        cq_token: mio::Token,
-        async_token: mio::Token,
-    ) -> io::Result<()> {
-        let ch: RawFd = self.channel.fd();
-        let asy: RawFd = self.ctx.async_fd();
-        registry.register(&mut SourceFd(&ch), cq_token, mio::Interest::READABLE)?;
-        if let Err(e) = registry.register(&mut SourceFd(&asy), async_token, mio::Interest::READABLE)
-        {
-            // Leave nothing half-registered.
-            let _ = registry.deregister(&mut SourceFd(&ch));
-            return Err(e);
-        }
-        // The removal watcher shares the async token: `next_async_event` drains both.
-        if let Some(w) = &self.watcher {
-            let cm_fd = w.fd();
-            if let Err(e) =
-                registry.register(&mut SourceFd(&cm_fd), async_token, mio::Interest::READABLE)
-            {
-                let _ = registry.deregister(&mut SourceFd(&asy));
-                let _ = registry.deregister(&mut SourceFd(&ch));
-                return Err(e);
-            }
-        }
-        Ok(())
+    /// The completion channel, the device's async event fd and, when there is one, the
+    /// rdma_cm removal watcher (drained by `next_async_event` with the async fd). All of
+    /// them are the endpoint's for its whole life: nothing to make or close here.
+    fn watch(&mut self) -> io::Result<WaitFds> {
+        let mut events = vec![self.ctx.async_fd()];
+        events.extend(self.watcher.as_ref().map(|w| w.fd()));
+        Ok(WaitFds {
+            cq: vec![self.channel.fd()],
+            events,
+        })
     }
 
-    fn deregister(&mut self, registry: &mio::Registry) -> io::Result<()> {
-        let ch: RawFd = self.channel.fd();
-        let asy: RawFd = self.ctx.async_fd();
-        let a = registry.deregister(&mut SourceFd(&ch));
-        let b = registry.deregister(&mut SourceFd(&asy));
-        let c = match &self.watcher {
-            Some(w) => registry.deregister(&mut SourceFd(&w.fd())),
-            None => Ok(()),
-        };
-        a.and(b).and(c)
-    }
+    fn unwatch(&mut self) {}
 
     fn take_cq_events(&mut self) -> Result<(u32, u32), VerbsError> {
         let (recv, send) = (self.recv_cq.as_ptr(), self.send_cq.as_ptr());
