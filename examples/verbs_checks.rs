@@ -28,6 +28,9 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use mio::{Events, Poll, Token};
+
+#[path = "common/pollset.rs"]
+mod pollset;
 use uipoib::verbs::rdma::{RdmaEndpoint, RdmaProvider};
 use uipoib::verbs::{
     AhHandle, AsyncEvent, Completion, CqKind, Dest, Endpoint, EndpointConfig, Gid, Provider,
@@ -347,8 +350,8 @@ fn port_events(p: &RdmaProvider, device: &str, timeout: Duration) -> Result<Vec<
     let mut ep = p.open_endpoint(&cfg(device)).map_err(|e| e.to_string())?;
     let mut poll = Poll::new().map_err(|e| e.to_string())?;
     let mut events = Events::with_capacity(4);
-    ep.register(poll.registry(), Token(0), Token(1))
-        .map_err(|e| e.to_string())?;
+    let fds =
+        pollset::watch(&mut ep, poll.registry(), Token(0), Token(1)).map_err(|e| e.to_string())?;
     println!("READY qpn={}", ep.attrs().qpn);
     let until = Instant::now() + timeout;
     let mut seen = Vec::new();
@@ -402,7 +405,7 @@ fn port_events(p: &RdmaProvider, device: &str, timeout: Duration) -> Result<Vec<
         format!("open after PortUp: {reopened:?}"),
         &mut f,
     );
-    ep.deregister(poll.registry()).map_err(|e| e.to_string())?;
+    pollset::unwatch(&mut ep, poll.registry(), &fds).map_err(|e| e.to_string())?;
     ep.close().map_err(|e| e.to_string())?;
     check(
         p.teardown_errors() == 0,
@@ -522,9 +525,12 @@ fn removal(p: &RdmaProvider, device: &str, netdev: &str) -> Result<Vec<String>, 
     let mut poll = Poll::new().map_err(|e| e.to_string())?;
     let mut events = Events::with_capacity(8);
     let mut eps = [ep, ep6];
+    let mut fds = Vec::with_capacity(eps.len());
     for (i, e) in eps.iter_mut().enumerate() {
-        e.register(poll.registry(), Token(2 * i), Token(2 * i + 1))
-            .map_err(|e| e.to_string())?;
+        fds.push(
+            pollset::watch(e, poll.registry(), Token(2 * i), Token(2 * i + 1))
+                .map_err(|e| e.to_string())?,
+        );
         let quiet = e.next_async_event().map_err(|e| e.to_string())?;
         check(
             quiet.is_none(),
@@ -608,8 +614,8 @@ fn removal(p: &RdmaProvider, device: &str, netdev: &str) -> Result<Vec<String>, 
         &mut f,
     );
 
-    for e in &mut eps {
-        e.deregister(poll.registry()).map_err(|e| e.to_string())?;
+    for (e, fds) in eps.iter_mut().zip(&fds) {
+        pollset::unwatch(e, poll.registry(), fds).map_err(|e| e.to_string())?;
     }
     let dropped = Instant::now();
     drop(eps);

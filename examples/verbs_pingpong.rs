@@ -26,10 +26,13 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use mio::{Events, Poll, Token};
+
+#[path = "common/pollset.rs"]
+mod pollset;
 use uipoib::verbs::rdma::{RdmaEndpoint, RdmaProvider};
 use uipoib::verbs::{
     AhHandle, AsyncEvent, Completion, CqKind, Dest, Endpoint, EndpointConfig, GRH_LEN, Gid,
-    GrhKind, MULTICAST_QPN, SendWr, WcStatus,
+    GrhKind, MULTICAST_QPN, SendWr, WaitFds, WcStatus,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -115,6 +118,8 @@ struct Msg {
 struct Node {
     ep: RdmaEndpoint,
     poll: Poll,
+    /// The endpoint's descriptors in `poll`.
+    fds: WaitFds,
     events: Events,
     free_send: Vec<u32>,
     posted_recv: u32,
@@ -171,12 +176,13 @@ impl Node {
             .open_endpoint(&cfg)
             .map_err(|e| format!("open: {e}"))?;
         let poll = Poll::new().map_err(|e| format!("mio: {e}"))?;
-        ep.register(poll.registry(), CQ_TOKEN, ASYNC_TOKEN)
+        let fds = pollset::watch(&mut ep, poll.registry(), CQ_TOKEN, ASYNC_TOKEN)
             .map_err(|e| format!("register: {e}"))?;
         let mut node = Node {
             free_send: (0..args.slots).rev().collect(),
             ep,
             poll,
+            fds,
             events: Events::with_capacity(8),
             posted_recv: 0,
             comps: vec![Completion::EMPTY; 32],
@@ -620,8 +626,7 @@ fn run(args: &Args) -> Result<(), String> {
     }
     println!("destroyed {} address handles", ahs.len());
     node.flush_check()?;
-    node.ep
-        .deregister(node.poll.registry())
+    pollset::unwatch(&mut node.ep, node.poll.registry(), &node.fds)
         .map_err(|e| format!("deregister: {e}"))?;
     let Node { ep, .. } = node;
     let started = Instant::now();

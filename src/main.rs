@@ -1,6 +1,7 @@
 //! `uipoib`: the command-line front end. See `uipoib --help`.
 
 use std::collections::BTreeMap;
+#[cfg(feature = "sim")]
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -17,6 +18,7 @@ use uipoib::runtime::supervisor::Status;
 use uipoib::scenario::{Runner, Scenario};
 use uipoib::verbs::fault::FaultSpec;
 use uipoib::verbs::rdma::RdmaProvider;
+#[cfg(feature = "sim")]
 use uipoib::verbs::sim::SimFabric;
 
 #[derive(Parser)]
@@ -44,7 +46,9 @@ enum Cmd {
     #[command(subcommand)]
     Fault(FaultCmd),
     /// Run two interfaces over the in-process simulated fabric, each TAP in its own
-    /// network namespace (for tests; not a measurement of any RDMA device).
+    /// network namespace (for tests; not a measurement of any RDMA device). Built only
+    /// with the `sim` feature.
+    #[cfg(feature = "sim")]
     SimPair(SimPairArgs),
 }
 
@@ -353,6 +357,7 @@ impl InjectArgs {
     }
 }
 
+#[cfg(feature = "sim")]
 #[derive(Args)]
 struct SimPairArgs {
     /// Namespace for the first TAP (must exist).
@@ -499,6 +504,7 @@ fn main() -> ExitCode {
             }
             send(&a.target, &req)
         }
+        #[cfg(feature = "sim")]
         Cmd::SimPair(a) => sim_pair(a),
     }
 }
@@ -676,6 +682,7 @@ fn status_text(s: &Status) -> String {
     t
 }
 
+#[cfg(feature = "sim")]
 fn sim_pair(a: SimPairArgs) -> ExitCode {
     let fabric = Arc::new(SimFabric::new());
     let devs = [

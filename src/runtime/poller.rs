@@ -30,7 +30,7 @@ use crate::iface::napi::{Action, Napi, TxGate};
 use crate::iface::stats;
 use crate::iface::{Failure, Interface};
 use crate::tap::TapDevice;
-use crate::verbs::{AsyncEvent, CqKind, Endpoint};
+use crate::verbs::{AsyncEvent, CqKind, Endpoint, WaitFds};
 
 const TAP: Token = Token(0);
 const CQ: Token = Token(1);
@@ -124,7 +124,7 @@ impl Poller {
         tap: Arc<dyn TapDevice>,
         exits: Sender<Exit>,
     ) -> Result<Poller, SpawnFailed> {
-        let poll = match Self::poll_set(&mut iface, tap.as_ref()) {
+        let (poll, fds) = match Self::poll_set(&mut iface, tap.as_ref()) {
             Ok(p) => p,
             Err(error) => {
                 return Err(SpawnFailed {
@@ -136,7 +136,7 @@ impl Poller {
         let waker = match Waker::new(poll.registry(), WAKE) {
             Ok(w) => Arc::new(w),
             Err(error) => {
-                let _ = iface.endpoint_mut().deregister(poll.registry());
+                unwatch(&mut iface, &poll, &fds);
                 return Err(SpawnFailed {
                     error,
                     iface: Box::new(iface),
@@ -153,7 +153,7 @@ impl Poller {
             .spawn(move || {
                 let Ok(iface) = take.recv() else { return };
                 let caught = panic::catch_unwind(AssertUnwindSafe(|| {
-                    run(name.clone(), iface, tap.as_ref(), poll, &request2)
+                    run(name.clone(), iface, tap.as_ref(), poll, fds, &request2)
                 }));
                 let exit = caught.unwrap_or_else(|payload| {
                     let message = panic_message(payload.as_ref());
@@ -190,14 +190,15 @@ impl Poller {
         }
     }
 
-    /// A poll set with the TAP and the endpoint registered.
-    fn poll_set(iface: &mut Interface, tap: &dyn TapDevice) -> io::Result<Poll> {
+    /// A poll set with the TAP and the endpoint's descriptors registered, and those
+    /// descriptors (to take out again, see [`unwatch`]).
+    fn poll_set(iface: &mut Interface, tap: &dyn TapDevice) -> io::Result<(Poll, WaitFds)> {
         let poll = Poll::new()?;
         let fd = tap.raw_fd();
         poll.registry()
             .register(&mut SourceFd(&fd), TAP, Interest::READABLE)?;
-        iface.endpoint_mut().register(poll.registry(), CQ, ASYNC)?;
-        Ok(poll)
+        let fds = watch(iface, &poll)?;
+        Ok((poll, fds))
     }
 
     /// Ask the poller to stop; it reports [`Exit::Stopped`].
@@ -233,11 +234,46 @@ impl Poller {
     }
 }
 
+/// Put the endpoint's descriptors ([`Endpoint::watch`]) in `poll`: the completion
+/// channel's under [`CQ`], the async events' under [`ASYNC`]. Nothing stays half
+/// registered on failure.
+fn watch(iface: &mut Interface, poll: &Poll) -> io::Result<WaitFds> {
+    let fds = iface.endpoint_mut().watch()?;
+    let tokens = fds.cq.iter().map(|fd| (fd, CQ));
+    let tokens = tokens.chain(fds.events.iter().map(|fd| (fd, ASYNC)));
+    let mut added = Vec::with_capacity(fds.cq.len() + fds.events.len());
+    for (fd, token) in tokens {
+        if let Err(e) = poll
+            .registry()
+            .register(&mut SourceFd(fd), token, Interest::READABLE)
+        {
+            for fd in added {
+                let _ = poll.registry().deregister(&mut SourceFd(fd));
+            }
+            iface.endpoint_mut().unwatch();
+            return Err(e);
+        }
+        added.push(fd);
+    }
+    Ok(fds)
+}
+
+/// Undo [`watch`]: the descriptors out of `poll`, then [`Endpoint::unwatch`].
+fn unwatch(iface: &mut Interface, poll: &Poll, fds: &WaitFds) {
+    for fd in fds.cq.iter().chain(&fds.events) {
+        if let Err(e) = poll.registry().deregister(&mut SourceFd(fd)) {
+            tracing::debug!(error = %e, fd, "deregistering an endpoint descriptor failed");
+        }
+    }
+    iface.endpoint_mut().unwatch();
+}
+
 fn run(
     name: String,
     mut iface: Interface,
     tap: &dyn TapDevice,
     mut poll: Poll,
+    fds: WaitFds,
     request: &AtomicU8,
 ) -> Exit {
     let mut napi = Napi::new(iface.budget());
@@ -344,9 +380,7 @@ fn run(
         }
     })();
     published.publish(&iface, &napi, &gate);
-    if let Err(e) = iface.endpoint_mut().deregister(poll.registry()) {
-        tracing::debug!(error = %e, "deregistering the endpoint failed");
-    }
+    unwatch(&mut iface, &poll, &fds);
     let fd = tap.raw_fd();
     let _ = poll.registry().deregister(&mut SourceFd(&fd));
     drop(poll);

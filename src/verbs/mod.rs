@@ -3,8 +3,10 @@
 //! Everything above this module talks to an RDMA device through the [`Provider`] and
 //! [`Endpoint`] traits defined here, never through `rdma-sys` types. Two providers exist:
 //! [`rdma::RdmaProvider`] over libibverbs (the only place in the crate with `unsafe`), and
-//! [`sim::SimFabric`], a deterministic in-process fabric that is a test double for tests
-//! and benches (nothing measured "over rxe" uses it).
+//! `sim::SimFabric`, a deterministic in-process fabric that is a test double for tests
+//! and benches (nothing measured "over rxe" uses it). The simulated fabric is compiled
+//! only with the `sim` feature, which the tests, benches and examples turn on and the
+//! daemon's release build does not.
 //!
 //! An [`Endpoint`] bundles what one IPoIB-like interface needs on one port: protection
 //! domain, registered buffer memory (receive and send slots), one completion channel, a
@@ -26,9 +28,11 @@
 pub mod fault;
 pub mod rdma;
 pub mod retire;
+#[cfg(feature = "sim")]
 pub mod sim;
 
 use std::io;
+use std::os::fd::RawFd;
 use std::sync::Arc;
 
 pub use crate::wire::gid::Gid;
@@ -316,6 +320,20 @@ pub struct PostRecvError {
     pub error: VerbsError,
 }
 
+/// The file descriptors a poller waits on for one [`Endpoint`], from
+/// [`Endpoint::watch`]. Reading them is the endpoint's business: the poller only waits
+/// until one is readable and then calls the method that goes with its list.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WaitFds {
+    /// Readable when a completion event is pending (the completion channel): take them
+    /// with [`Endpoint::take_cq_events`].
+    pub cq: Vec<RawFd>,
+    /// Readable when an asynchronous event is pending (the device's async event fd, the
+    /// rdma_cm removal watcher): read them with [`Endpoint::next_async_event`] until it
+    /// says `None`.
+    pub events: Vec<RawFd>,
+}
+
 /// Opens endpoints on a device. Implemented by the real and the simulated provider.
 pub trait Provider: Send + Sync {
     /// Open the device and build a ready endpoint: PD, memory, channel, CQs, UD QP in RTS.
@@ -358,17 +376,18 @@ pub trait Endpoint: Send {
     /// Arm `cq` for the next completion event.
     fn req_notify(&mut self, cq: CqKind) -> Result<(), VerbsError>;
 
-    /// Register the completion channel (readable when an event is pending) and the async
-    /// event source with `registry` under the two tokens.
-    fn register(
-        &mut self,
-        registry: &mio::Registry,
-        cq_token: mio::Token,
-        async_token: mio::Token,
-    ) -> io::Result<()>;
+    /// Make the endpoint's event sources ready to be waited on and say which file
+    /// descriptors to wait on (see [`WaitFds`]). The caller adds them to its poll set
+    /// (epoll, edge- or level-triggered: every one is readable while an event is pending,
+    /// and one with events already pending when this returns reads as readable when
+    /// added). They stay valid until [`Endpoint::unwatch`] or the endpoint's drop; the
+    /// caller removes them from its poll set before either. A second call without an
+    /// `unwatch` between replaces the first one's descriptors.
+    fn watch(&mut self) -> io::Result<WaitFds>;
 
-    /// Undo [`Endpoint::register`].
-    fn deregister(&mut self, registry: &mio::Registry) -> io::Result<()>;
+    /// The descriptors [`Endpoint::watch`] gave are no longer waited on: the provider may
+    /// close the ones it made for the watch. A no-op when not watched.
+    fn unwatch(&mut self);
 
     /// Read every pending completion event without blocking, acknowledge them, and say
     /// which CQs they were for (`(recv_events, send_events)`).
@@ -403,8 +422,8 @@ pub trait Endpoint: Send {
     /// of the old QP are joined by the new one before the old one leaves them (so the
     /// device's and the IP stack's memberships never lapse); [`Endpoint::attach_mcast`]
     /// of such a group afterwards is a no-op. Address handles stay valid (they belong to
-    /// the protection domain). The endpoint must not be registered with a poll set while
-    /// this runs.
+    /// the protection domain). The endpoint must not be watched ([`Endpoint::watch`])
+    /// while this runs.
     ///
     /// Before replacing anything the port is queried again: if its active MTU, or the
     /// GID this endpoint would choose now, differs from what it was opened with, this

@@ -1,0 +1,418 @@
+//! Tests of the decorator, over the simulated fabric.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use super::*;
+use crate::verbs::fault::CqSel;
+use crate::verbs::sim::SimFabric;
+use crate::verbs::sim::tests::{unwatch_with, watch_with};
+use crate::verbs::{
+    AhHandle, Completion, CqKind, Dest, Endpoint, EndpointConfig, GRH_LEN, PostSendError, SendWr,
+    VerbsError, WcStatus,
+};
+
+const QKEY: u32 = 0x0B1B;
+
+struct Rig {
+    _sim: Arc<SimFabric>,
+    switch: Arc<FaultSwitch>,
+    /// Through the decorator.
+    a: Box<dyn Endpoint>,
+    /// Plain.
+    b: Box<dyn Endpoint>,
+    ah: AhHandle,
+}
+
+fn cfg(device: &str) -> EndpointConfig {
+    EndpointConfig {
+        device: device.into(),
+        port: 1,
+        gid_index: None,
+        qkey: QKEY,
+        recv_slots: 16,
+        send_slots: 16,
+        max_payload: None,
+    }
+}
+
+fn rig() -> Rig {
+    let sim = Arc::new(SimFabric::new());
+    sim.add_device("a", Ipv4Addr::new(10, 0, 0, 1), 4096)
+        .unwrap();
+    sim.add_device("b", Ipv4Addr::new(10, 0, 0, 2), 4096)
+        .unwrap();
+    let faulty = FaultyProvider::new(sim.clone());
+    let switch = faulty.switch();
+    let mut a = faulty.open(&cfg("a")).unwrap();
+    let b = sim.open(&cfg("b")).unwrap();
+    let ah = a.create_ah(&b.attrs().gid).unwrap();
+    Rig {
+        _sim: sim,
+        switch,
+        a,
+        b,
+        ah,
+    }
+}
+
+impl Rig {
+    fn wr(&self, wr_id: u64) -> SendWr {
+        SendWr {
+            wr_id,
+            slot: (wr_id % 16) as u32,
+            len: 100,
+            dest: Dest {
+                ah: self.ah,
+                qpn: self.b.attrs().qpn,
+                qkey: QKEY,
+            },
+            signaled: true,
+        }
+    }
+    /// A sends `n` packets (ids from `first`) to B, which has receives posted.
+    fn a_sends(&mut self, first: u64, n: u64) -> Result<(), PostSendError> {
+        let wrs: Vec<SendWr> = (first..first + n).map(|i| self.wr(i)).collect();
+        self.a.post_send(&wrs)
+    }
+    /// B sends `n` packets to A.
+    fn b_sends(&mut self, n: u64) {
+        let ah = self.b.create_ah(&self.a.attrs().gid).unwrap();
+        for i in 0..n {
+            let buf = self.b.send_buf(0);
+            buf[..100].fill(0x11);
+            self.b
+                .post_send(&[SendWr {
+                    wr_id: 1000 + i,
+                    slot: 0,
+                    len: 100,
+                    dest: Dest {
+                        ah,
+                        qpn: self.a.attrs().qpn,
+                        qkey: QKEY,
+                    },
+                    signaled: true,
+                }])
+                .unwrap();
+        }
+        poll(&mut *self.b, CqKind::Send);
+    }
+}
+
+fn poll(ep: &mut dyn Endpoint, cq: CqKind) -> Vec<Completion> {
+    let mut out = [Completion::EMPTY; 64];
+    let n = ep.poll_cq(cq, &mut out).unwrap();
+    out[..n].to_vec()
+}
+
+fn ids(c: &[Completion]) -> Vec<u64> {
+    c.iter().map(|c| c.wr_id).collect()
+}
+
+#[test]
+fn renew_starts_the_qp_afresh_and_refuses_after_a_device_loss() {
+    let mut r = rig();
+    r.switch.arm_poll_error_n(-5, 1);
+    let mut out = [Completion::EMPTY; 4];
+    assert!(r.a.poll_cq(CqKind::Recv, &mut out).is_err());
+    // A failed poll is never retried on that QP; after a renewal the QP is another.
+    let qpn = r.a.attrs().qpn;
+    r.a.renew().unwrap();
+    assert_ne!(r.a.attrs().qpn, qpn);
+    assert_eq!((r.switch.opens(), r.switch.renewals()), (1, 1));
+    assert!(r.a.poll_cq(CqKind::Recv, &mut out).is_ok());
+    assert_eq!(r.switch.polls_after_failure(), 0);
+    // A hidden device (gone) cannot be renewed ...
+    r.switch.hide_device(true);
+    assert!(matches!(r.a.renew(), Err(VerbsError::RenewRefused(_))));
+    r.switch.hide_device(false);
+    // ... nor one whose loss this endpoint reported.
+    r.switch.inject_async(AsyncEvent::DeviceFatal);
+    assert_eq!(
+        r.a.next_async_event().unwrap(),
+        Some(AsyncEvent::DeviceFatal)
+    );
+    assert!(matches!(r.a.renew(), Err(VerbsError::RenewRefused(_))));
+    assert_eq!(r.switch.renewals(), 1);
+}
+
+#[test]
+fn inert_until_armed_then_poll_error_after_n() {
+    let mut r = rig();
+    r.a_sends(1, 3).unwrap();
+    assert_eq!(ids(&poll(&mut *r.a, CqKind::Send)), vec![1, 2, 3]);
+    assert_eq!(r.switch.injected(), 0);
+    r.switch.arm(
+        FaultSpec::new(Fault::PollError { ret: -22 })
+            .trigger(Trigger::After(2))
+            .limit(2),
+    );
+    let mut out = [Completion::EMPTY; 4];
+    assert!(r.a.poll_cq(CqKind::Recv, &mut out).is_ok());
+    assert!(r.a.poll_cq(CqKind::Send, &mut out).is_ok());
+    for _ in 0..2 {
+        match r.a.poll_cq(CqKind::Recv, &mut out) {
+            Err(VerbsError::PollFailed { ret: -22, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(r.switch.polls_failed(), 2);
+    assert_eq!(r.switch.polls_after_failure(), 1);
+    assert!(r.switch.armed().is_empty(), "spent after two hits");
+    assert!(r.a.poll_cq(CqKind::Recv, &mut out).is_ok());
+    let log = r.switch.injections();
+    assert_eq!(
+        log.iter()
+            .map(|i| (i.seq, i.kind, i.op))
+            .collect::<Vec<_>>(),
+        vec![(1, FaultKind::PollError, 3), (2, FaultKind::PollError, 4)]
+    );
+    assert_eq!(log[0].endpoint, Some(0));
+}
+
+#[test]
+fn lost_completion_is_swallowed_on_its_cq_only() {
+    let mut r = rig();
+    r.switch.arm(
+        FaultSpec::new(Fault::LostCompletion { cq: CqSel::Send })
+            .trigger(Trigger::Every(2))
+            .limit(2),
+    );
+    r.b.post_recv(77, 0).unwrap();
+    r.a_sends(1, 6).unwrap();
+    assert_eq!(ids(&poll(&mut *r.a, CqKind::Send)), vec![1, 3, 5, 6]);
+    // Receives are not selected.
+    r.a.post_recv(9, 0).unwrap();
+    r.b_sends(1);
+    assert_eq!(ids(&poll(&mut *r.a, CqKind::Recv)), vec![9]);
+    assert_eq!(r.switch.fired(FaultKind::LostCompletion), 2);
+}
+
+#[test]
+fn post_errors_post_the_prefix_and_fail_the_rest() {
+    let mut r = rig();
+    r.switch.arm(
+        FaultSpec::new(Fault::PostSendError {
+            errno: libc::EINVAL,
+        })
+        .trigger(Trigger::After(2)),
+    );
+    let e = r.a_sends(1, 4).unwrap_err();
+    assert_eq!(e.posted, 2);
+    assert!(
+        matches!(&e.error, VerbsError::Verb { verb: "ibv_post_send", source } if source.raw_os_error() == Some(libc::EINVAL)),
+        "{e}"
+    );
+    assert_eq!(ids(&poll(&mut *r.a, CqKind::Send)), vec![1, 2]);
+    // Spent: the next chain goes through.
+    r.a_sends(10, 2).unwrap();
+    assert_eq!(ids(&poll(&mut *r.a, CqKind::Send)), vec![10, 11]);
+
+    r.switch.arm(
+        FaultSpec::new(Fault::PostRecvError {
+            errno: libc::ENOMEM,
+        })
+        .limit(1),
+    );
+    match r.a.post_recv(5, 5) {
+        Err(VerbsError::Verb {
+            verb: "ibv_post_recv",
+            source,
+        }) => assert_eq!(source.raw_os_error(), Some(libc::ENOMEM)),
+        other => panic!("{other:?}"),
+    }
+    r.a.post_recv(5, 5).unwrap();
+    r.b_sends(1);
+    assert_eq!(ids(&poll(&mut *r.a, CqKind::Recv)), vec![5]);
+}
+
+#[test]
+fn qp_error_flushes_and_can_raise_qp_fatal() {
+    let mut r = rig();
+    for i in 0..4 {
+        r.a.post_recv(i, i as u32).unwrap();
+    }
+    r.switch
+        .arm(FaultSpec::new(Fault::QpError { fatal_event: true }));
+    let c = poll(&mut *r.a, CqKind::Recv);
+    assert_eq!(ids(&c), vec![0, 1, 2, 3]);
+    assert!(c.iter().all(|c| c.status == WcStatus::Flushed));
+    assert_eq!(r.a.next_async_event().unwrap(), Some(AsyncEvent::QpFatal));
+    assert_eq!(r.a.next_async_event().unwrap(), None);
+    // Later posts flush too.
+    r.a_sends(1, 1).unwrap();
+    assert_eq!(poll(&mut *r.a, CqKind::Send)[0].status, WcStatus::Flushed);
+}
+
+#[test]
+fn spurious_event_reports_an_event_with_nothing_behind_it() {
+    let mut r = rig();
+    assert_eq!(r.a.take_cq_events().unwrap(), (0, 0));
+    // On command: at once, to every endpoint.
+    r.switch.arm(FaultSpec::new(Fault::SpuriousEvent));
+    assert_eq!(r.a.take_cq_events().unwrap(), (1, 0));
+    assert_eq!(r.a.take_cq_events().unwrap(), (0, 0));
+    assert!(poll(&mut *r.a, CqKind::Recv).is_empty());
+    // By trigger: at the hit poll.
+    r.switch
+        .arm(FaultSpec::new(Fault::SpuriousEvent).trigger(Trigger::After(1)));
+    poll(&mut *r.a, CqKind::Recv);
+    assert_eq!(r.a.take_cq_events().unwrap(), (0, 0));
+    poll(&mut *r.a, CqKind::Recv);
+    assert_eq!(r.a.take_cq_events().unwrap(), (1, 0));
+    assert_eq!(r.switch.fired(FaultKind::SpuriousEvent), 2);
+}
+
+#[test]
+fn spurious_event_wakes_a_registered_channel() {
+    let mut r = rig();
+    let mut poll_ = mio::Poll::new().unwrap();
+    let fds = watch_with(&mut *r.a, poll_.registry(), mio::Token(1), mio::Token(2));
+    r.switch.arm(FaultSpec::new(Fault::SpuriousEvent));
+    let mut events = mio::Events::with_capacity(8);
+    poll_
+        .poll(&mut events, Some(Duration::from_secs(2)))
+        .unwrap();
+    assert!(events.iter().any(|e| e.token() == mio::Token(1)));
+    assert_eq!(r.a.take_cq_events().unwrap(), (1, 0));
+    unwatch_with(&mut *r.a, poll_.registry(), &fds);
+}
+
+#[test]
+fn slow_poll_delays_each_poll_hit() {
+    let mut r = rig();
+    r.switch.arm(
+        FaultSpec::new(Fault::SlowPoll {
+            delay: Duration::from_millis(30),
+        })
+        .limit(2),
+    );
+    let t = Instant::now();
+    poll(&mut *r.a, CqKind::Recv);
+    poll(&mut *r.a, CqKind::Send);
+    assert!(t.elapsed() >= Duration::from_millis(60));
+    let t = Instant::now();
+    poll(&mut *r.a, CqKind::Recv);
+    assert!(t.elapsed() < Duration::from_millis(30));
+}
+
+#[test]
+fn corrupt_rx_flips_bytes_in_a_copy_until_the_next_poll() {
+    let mut r = rig();
+    // Posted before arming: its slot is unknown, it is left alone.
+    r.a.post_recv(100, 0).unwrap();
+    r.switch.arm(
+        FaultSpec::new(Fault::CorruptRx { bytes: 3 })
+            .trigger(Trigger::Every(1))
+            .unlimited(),
+    );
+    r.a.post_recv(101, 1).unwrap();
+    r.b_sends(2);
+    let c = poll(&mut *r.a, CqKind::Recv);
+    assert_eq!(ids(&c), vec![100, 101]);
+    let len = c[1].byte_len as usize;
+    assert_eq!(len, GRH_LEN + 100);
+    let clean = r.a.recv_buf(0)[..len].to_vec();
+    let dirty = r.a.recv_buf(1)[..len].to_vec();
+    let diff = clean.iter().zip(&dirty).filter(|(x, y)| x != y).count();
+    assert_eq!(diff, 3, "three bytes flipped");
+    assert_eq!(r.a.recv_buf(1).len(), r.a.recv_buf(0).len());
+    assert_eq!(r.switch.fired(FaultKind::CorruptRx), 1);
+    // The next receive poll drops the copy: the slot reads as delivered.
+    poll(&mut *r.a, CqKind::Recv);
+    assert_eq!(r.a.recv_buf(1)[..len], clean[..]);
+}
+
+#[test]
+fn stall_send_holds_completions_until_cleared() {
+    let mut r = rig();
+    r.switch.arm(FaultSpec::new(Fault::StallSend));
+    r.a_sends(1, 3).unwrap();
+    assert!(poll(&mut *r.a, CqKind::Send).is_empty());
+    assert!(r.switch.stalled());
+    assert!(r.switch.armed().is_empty(), "spent, but the stall stays");
+    assert!(poll(&mut *r.a, CqKind::Send).is_empty());
+    r.switch.clear();
+    assert!(!r.switch.stalled());
+    assert_eq!(ids(&poll(&mut *r.a, CqKind::Send)), vec![1, 2, 3]);
+    // A stalled endpoint that goes away takes its stall with it.
+    r.switch.arm(FaultSpec::new(Fault::StallSend));
+    poll(&mut *r.a, CqKind::Send);
+    assert!(r.switch.stalled());
+    drop(r.a);
+    assert!(!r.switch.stalled());
+    assert_eq!(r.switch.mask.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn async_fatal_on_command_and_by_trigger() {
+    let mut r = rig();
+    r.switch.arm(FaultSpec::new(Fault::AsyncFatal {
+        event: AsyncEvent::CqError,
+    }));
+    assert_eq!(r.a.next_async_event().unwrap(), Some(AsyncEvent::CqError));
+    assert_eq!(r.a.next_async_event().unwrap(), None);
+    r.switch.arm(
+        FaultSpec::new(Fault::AsyncFatal {
+            event: AsyncEvent::DeviceFatal,
+        })
+        .trigger(Trigger::Every(3))
+        .limit(1),
+    );
+    poll(&mut *r.a, CqKind::Recv);
+    poll(&mut *r.a, CqKind::Recv);
+    assert_eq!(r.a.next_async_event().unwrap(), None);
+    poll(&mut *r.a, CqKind::Recv);
+    assert_eq!(
+        r.a.next_async_event().unwrap(),
+        Some(AsyncEvent::DeviceFatal)
+    );
+    let log = r.switch.injections();
+    assert_eq!(log[0].endpoint, None);
+    assert_eq!((log[1].endpoint, log[1].op), (Some(0), 3));
+}
+
+#[test]
+fn seeded_faults_hit_the_same_operations() {
+    let run = |seed: u64| {
+        let mut r = rig();
+        r.switch.arm(
+            FaultSpec::new(Fault::LostCompletion { cq: CqSel::Send })
+                .trigger(Trigger::Random { p: 0.3, seed }),
+        );
+        let mut seen = Vec::new();
+        for i in 0..20 {
+            r.a_sends(i * 4, 4).unwrap();
+            seen.extend(ids(&poll(&mut *r.a, CqKind::Send)));
+        }
+        (
+            seen,
+            r.switch
+                .injections()
+                .iter()
+                .map(|i| i.op)
+                .collect::<Vec<_>>(),
+        )
+    };
+    assert_eq!(run(5), run(5));
+    assert_ne!(run(5), run(6));
+}
+
+#[test]
+fn clear_disarms_everything() {
+    let r = rig();
+    r.switch.arm_poll_error(-5);
+    r.switch.arm(FaultSpec::new(Fault::SlowPoll {
+        delay: Duration::from_millis(1),
+    }));
+    r.switch.hide_device(true);
+    assert_eq!(r.switch.armed().len(), 2);
+    r.switch.clear();
+    assert!(r.switch.armed().is_empty());
+    assert_eq!(r.switch.mask.load(Ordering::Relaxed), 0);
+    assert!(!r.switch.hidden.load(Ordering::SeqCst));
+    r.switch
+        .arm(FaultSpec::new(Fault::CorruptRx { bytes: 1 }).unlimited());
+    r.switch.disarm(FaultKind::CorruptRx);
+    assert_eq!(r.switch.mask.load(Ordering::Relaxed), 0);
+}

@@ -1,0 +1,205 @@
+//! Renewal: a new QP and CQs in place of the old ones (made ahead by `maintain` when it
+//! can), keeping the context, PD, memory and channel; the old ones retired for their
+//! grace or destroyed at once; and the GID check that says whether a renewal may be done.
+
+use std::time::Instant;
+
+use rdma_sys::*;
+
+use super::super::device;
+use super::super::objects::ret_errno;
+use super::multicast::detach_raw;
+use super::open::grh_kind;
+use super::{Queues, RdmaEndpoint, Retired, raw_gid};
+#[cfg(doc)]
+use crate::verbs::Endpoint;
+use crate::verbs::{Gid, VerbsError};
+
+impl RdmaEndpoint {
+    /// [`Endpoint::maintain`]: prepare the spare queues (the retired ones are the
+    /// reaper's).
+    pub(super) fn maintain_queues(&mut self) -> Result<(), VerbsError> {
+        if self.spare.is_none() && !self.spare_refused && self.lost.is_none() && !self.torn_down {
+            let start = Instant::now();
+            match self.create_queues() {
+                Ok(q) => {
+                    self.spare = Some(q);
+                    tracing::debug!(
+                        ms = start.elapsed().as_secs_f64() * 1e3,
+                        "spare QP and CQs prepared for the next renewal"
+                    );
+                }
+                Err(e) => {
+                    // Not an error of the datapath: the next renewal creates its own.
+                    // Not retried every housekeeping; a renewal allows one more try.
+                    self.spare_refused = true;
+                    tracing::warn!(error = %e, "no spare QP and CQs: the next renewal creates them");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Endpoint::renew`]: new CQs and QP are created, brought up and attached to the
+    /// endpoint's multicast groups while the old ones still exist, and swapped in only
+    /// when all of that worked; then the old QP is detached and kept aside with its CQs
+    /// (`retired`) until the reaper destroys it. The new QP and CQs are the spare ones
+    /// `maintain` prepared, if it did.
+    /// On any failure before the swap nothing changes; a failed destroy of the old objects is logged, counted and returned (the
+    /// object is forgotten, the new ones are in place).
+    /// With `destroy_old`, the old QP and CQs are destroyed here, before returning, instead
+    /// of being retired (see [`Endpoint::renew_destroying_old`]).
+    pub(super) fn renew_queues(&mut self, destroy_old: bool) -> Result<(), VerbsError> {
+        if let Some(ev) = self.lost {
+            return Err(VerbsError::RenewRefused(format!(
+                "the device was lost ({ev:?})"
+            )));
+        }
+        if self.torn_down {
+            return Err(VerbsError::RenewRefused("the endpoint is closed".into()));
+        }
+        // Where the time goes (logged): each step's end, from `t0`.
+        let t0 = Instant::now();
+        let mut marks = [0.0f64; 5];
+        let mut mark = |i: usize| marks[i] = t0.elapsed().as_secs_f64() * 1e3;
+        // Nothing is destroyed here: the retired queues are the reaper's.
+        let mut first: Option<VerbsError> = None;
+        mark(0);
+        // Re-read the port and the GID table (they move after port flaps and re-adds):
+        // the registered slots are sized for the old MTU and the GID is our address.
+        let cfg = &self.cfg;
+        let port = device::query_port(&self.ctx, &cfg.device, cfg.port)?;
+        let gid = device::choose_gid(
+            &self.ctx,
+            &cfg.device,
+            cfg.port,
+            port.gid_tbl_len,
+            cfg.gid_index,
+        )?;
+        if port.mtu != self.attrs.port_mtu
+            || gid.gid != self.attrs.gid
+            || gid.index != self.attrs.gid_index
+            || grh_kind(&gid) != self.attrs.grh_kind
+        {
+            return Err(VerbsError::RenewRefused(format!(
+                "port MTU {} / GID {} at index {} now, {} / {} at index {} when opened",
+                port.mtu,
+                gid.gid,
+                gid.index,
+                self.attrs.port_mtu,
+                self.attrs.gid,
+                self.attrs.gid_index
+            )));
+        }
+        mark(1);
+        // The queues prepared ahead (`maintain`), else new ones now.
+        let spare_used = self.spare.is_some();
+        let Queues {
+            qp,
+            recv_cq,
+            send_cq,
+            max_inline,
+        } = match self.spare.take() {
+            Some(q) => q,
+            None => self.create_queues()?,
+        };
+        self.spare_refused = false;
+        mark(2);
+        // The new QP joins every group before the old one leaves, so the device's group
+        // never empties: no multicast filter update on the netdev (rxe), and the IP-level
+        // memberships are kept as they are.
+        for (i, join) in self.mcast.iter().enumerate() {
+            let g = raw_gid(&join.gid);
+            // SAFETY: the new QP is live; `g` is a valid GID; LID 0 (RoCE has no LIDs).
+            let ret = unsafe { ibv_attach_mcast(qp.as_ptr(), &g, 0) };
+            if ret != 0 {
+                // Leave the new QP as unattached as it came, so that it can be destroyed.
+                for done in &self.mcast[..i] {
+                    let _ = self
+                        .log
+                        .destroyed("ibv_detach_mcast", detach_raw(&qp, &done.gid));
+                }
+                return Err(VerbsError::verb("ibv_attach_mcast", ret_errno(ret)));
+            }
+        }
+        mark(3);
+        let mut keep = |r: Result<(), VerbsError>| {
+            if let Err(e) = r {
+                first.get_or_insert(e);
+            }
+        };
+        let old_qp = std::mem::replace(&mut self.qp, qp);
+        let old_recv = std::mem::replace(&mut self.recv_cq, recv_cq);
+        let old_send = std::mem::replace(&mut self.send_cq, send_cq);
+        // rxe refuses to destroy a QP that is still attached (EBUSY): detach first.
+        for join in &self.mcast {
+            keep(
+                self.log
+                    .destroyed("ibv_detach_mcast", detach_raw(&old_qp, &join.gid)),
+            );
+        }
+        mark(4);
+        if destroy_old {
+            // The old QP may still own slots that are about to be re-posted: it goes now,
+            // QP first (it holds its CQs), then the CQs, never polled. This runs on the
+            // supervisor's thread (a restart), never on the poller's.
+            let mut old = Retired {
+                qp: old_qp,
+                recv_cq: old_recv,
+                send_cq: old_send,
+            };
+            keep(old.qp.close());
+            keep(old.recv_cq.close());
+            keep(old.send_cq.close());
+        } else {
+            // The old QP (in the error state with every WR flushed, in no group, never
+            // polled again) and its CQs are destroyed later, by the reaper, once their
+            // grace is over: off the restart's critical path and off the poller thread,
+            // and after rxe has let go of the QP's packets.
+            keep(self.retired.retire(
+                Instant::now(),
+                Retired {
+                    qp: old_qp,
+                    recv_cq: old_recv,
+                    send_cq: old_send,
+                },
+            ));
+        }
+        self.recvs_in_flight = 0;
+        self.sends_in_flight = 0;
+        let old_qpn = self.attrs.qpn;
+        self.attrs.qpn = self.qp.qp_num();
+        self.attrs.max_inline = max_inline;
+        let [prev_ms, port_ms, queues_ms, attach_ms, detach_ms] = marks;
+        tracing::debug!(
+            device = %self.attrs.device, old_qpn, qpn = self.attrs.qpn, spare_used,
+            prev_ms, port_ms, queues_ms, attach_ms, detach_ms,
+            "verbs endpoint renewed: new QP and CQs, context, PD, MR and channel kept \
+             (ms since the start of the renewal at the end of each step)"
+        );
+        match first {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// [`Endpoint::gid_now`]: the GID the port's table gives now.
+    pub(super) fn gid_choice_now(&mut self) -> Result<Option<(Gid, u8)>, VerbsError> {
+        if self.lost.is_some() || self.torn_down {
+            return Ok(None);
+        }
+        let cfg = &self.cfg;
+        let port = device::query_port(&self.ctx, &cfg.device, cfg.port)?;
+        match device::choose_gid(
+            &self.ctx,
+            &cfg.device,
+            cfg.port,
+            port.gid_tbl_len,
+            cfg.gid_index,
+        ) {
+            Ok(g) => Ok(Some((g.gid, g.index))),
+            Err(VerbsError::NoGid { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
