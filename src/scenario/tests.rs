@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::run::iperf3_interval_mbps;
+use super::traffic::iperf3_interval_mbps;
 use super::*;
 
 fn parse(text: &str) -> Result<Scenario, ScenarioError> {
@@ -67,7 +67,7 @@ fn a_good_file_loads_with_its_variables_substituted() {
     assert_eq!(s.steps.len(), 3);
     assert_eq!(s.steps[1].line, 13);
     let t = s.traffic.unwrap();
-    assert_eq!(t.command, Command::Shell("iperf3 -c 198.18.1.1".into()));
+    assert_eq!(t.command, Program::Shell("iperf3 -c 198.18.1.1".into()));
     let Action::Inject { spec, label } = &s.steps[1].action else {
         panic!("{:?}", s.steps[1]);
     };
@@ -82,7 +82,7 @@ fn a_variable_given_on_the_command_line_wins() {
     let s = Scenario::parse(Path::new("t.toml"), OK, &o).unwrap();
     assert_eq!(
         s.traffic.unwrap().command,
-        Command::Shell("iperf3 -c 198.18.9.9".into())
+        Program::Shell("iperf3 -c 198.18.9.9".into())
     );
 }
 
@@ -240,7 +240,7 @@ fn an_exec_takes_a_shell_line_or_arguments() {
     else {
         panic!()
     };
-    assert_eq!(*command, Command::Argv(vec!["true".into()]));
+    assert_eq!(*command, Program::Argv(vec!["true".into()]));
     assert_eq!(fault.as_deref(), Some("x"));
     assert_eq!(*within, Some(std::time::Duration::from_millis(5)));
     let e = err("[[step]]\ndo = \"exec\"\ncommand = []\n");

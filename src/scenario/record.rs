@@ -1,0 +1,234 @@
+//! Fault records: one per fault the steps open, measured from the counter samples, the
+//! daemon's restart history and the fault switch's injection log.
+
+use serde_json::Value;
+
+use super::report::{FaultReport, Throughput};
+use super::run::{Runner, WINDOW, unix_ms};
+use super::traffic::{Sample, Sampler};
+use crate::iface::stats::Snapshot;
+use crate::runtime::supervisor::{RestartRecord, Status};
+
+/// A fault being followed.
+pub(super) struct Record {
+    pub(super) rep: FaultReport,
+    /// When its step started.
+    pub(super) opened_ms: u64,
+    /// Whether it is an armed fault (its injection time comes from the switch's log).
+    pub(super) armed: bool,
+    pub(super) start: Snapshot,
+    pub(super) restarts0: u64,
+    pub(super) injected0: u64,
+    pub(super) seq0: u64,
+    /// A live snapshot balanced since it opened (after its restarts).
+    pub(super) live_balanced: bool,
+    pub(super) closed_ms: Option<u64>,
+}
+
+pub(super) fn residuals(s: &Snapshot) -> (i128, i128) {
+    let r = |l: [u64; 5]| l[0] as i128 - l[1..].iter().map(|v| *v as i128).sum::<i128>();
+    (r(s.ledger(true)), r(s.ledger(false)))
+}
+
+/// The restart records added since `restarts0` restarts.
+pub(super) fn records_since(status: &Status, restarts0: u64) -> Vec<RestartRecord> {
+    let n = status.restarts.saturating_sub(restarts0) as usize;
+    let h = &status.history;
+    h[h.len().saturating_sub(n)..].to_vec()
+}
+
+pub(super) fn rate(samples: &[Sample], from: u64, to: u64) -> Option<f64> {
+    let a = samples.iter().find(|s| s.unix_ms >= from)?;
+    let b = samples.iter().rev().find(|s| s.unix_ms <= to)?;
+    let dt = b.unix_ms.checked_sub(a.unix_ms)?;
+    if dt < 200 {
+        return None;
+    }
+    Some((b.bytes.saturating_sub(a.bytes)) as f64 * 8.0 / (dt as f64 / 1e3) / 1e6)
+}
+
+/// For `rate_restored`: the rate in the window before the fault, and over the last
+/// [`super::RATE_RESTORED_WINDOW`] of samples, none of them from before the traffic
+/// resumed (or, without a resumption, from before the injection).
+pub(super) fn rates_for_restore(
+    rep: &super::report::FaultReport,
+    samples: &[Sample],
+) -> (Option<f64>, Option<f64>) {
+    let before = rep.throughput_mbps.before;
+    let Some(last) = samples.last().map(|s| s.unix_ms) else {
+        return (before, None);
+    };
+    let w = super::RATE_RESTORED_WINDOW.as_millis() as u64;
+    let since = rep.resumed_unix_ms.or(rep.injected_unix_ms).unwrap_or(0);
+    let now = rate(samples, last.saturating_sub(w).max(since), last);
+    (before, now)
+}
+
+pub(super) fn mean_in(iv: &[(u64, f64)], from: u64, to: u64) -> Option<f64> {
+    let v: Vec<f64> = iv
+        .iter()
+        .filter(|(t, _)| *t > from && *t <= to)
+        .map(|(_, m)| *m)
+        .collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+impl Runner {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn open(
+        &self,
+        records: &mut Vec<Record>,
+        sampler: &Sampler,
+        iteration: u64,
+        line: usize,
+        fault: &str,
+        label: &str,
+        armed: bool,
+    ) {
+        if let Some(r) = records.last_mut() {
+            self.close(r, sampler, None);
+        }
+        let start = self.read_stats();
+        let status = self.read_status();
+        let faults = self.client.faults().unwrap_or(Value::Null);
+        let seq0 = faults["recent"]
+            .as_array()
+            .and_then(|r| r.iter().filter_map(|i| i["seq"].as_u64()).max())
+            .unwrap_or(0);
+        records.push(Record {
+            rep: FaultReport {
+                index: records.len() + 1,
+                iteration,
+                line,
+                fault: fault.into(),
+                label: label.into(),
+                ..FaultReport::default()
+            },
+            opened_ms: unix_ms(),
+            armed,
+            start,
+            restarts0: status.restarts,
+            injected0: faults["injected"].as_u64().unwrap_or(0),
+            seq0,
+            live_balanced: false,
+            closed_ms: None,
+        });
+    }
+
+    /// Bring a record's measurements up to date.
+    pub(super) fn refresh(&self, r: &mut Record, samples: &[Sample]) -> (Snapshot, Status) {
+        let now = self.read_stats();
+        let status = self.read_status();
+        let rep = &mut r.rep;
+        if let Ok(f) = self.client.faults() {
+            rep.fired = f["injected"]
+                .as_u64()
+                .unwrap_or(0)
+                .saturating_sub(r.injected0);
+            if r.armed {
+                rep.injected_unix_ms = f["recent"].as_array().and_then(|a| {
+                    a.iter()
+                        .filter(|i| i["seq"].as_u64().is_some_and(|s| s > r.seq0))
+                        .filter_map(|i| i["unix_ms"].as_u64())
+                        .min()
+                });
+            }
+        }
+        if !r.armed {
+            rep.injected_unix_ms = Some(r.opened_ms);
+        }
+        let recs = records_since(&status, r.restarts0);
+        rep.restarts = status.restarts.saturating_sub(r.restarts0);
+        rep.causes = recs.iter().map(|h| h.cause.clone()).collect();
+        rep.wr_reaped = recs.iter().map(|h| h.wr_reaped).sum();
+        rep.sends_reaped = recs.iter().map(|h| h.sends_reaped).sum();
+        rep.recovery_ms = recs.iter().map(|h| h.recovery_ms).reduce(f64::max);
+        rep.drops = now
+            .drops
+            .iter()
+            .filter_map(|(k, v)| {
+                let d = v.saturating_sub(r.start.drops.get(k).copied().unwrap_or(0));
+                (d > 0).then(|| (k.clone(), d))
+            })
+            .collect();
+        rep.stale_completions = now
+            .completions_rejected
+            .saturating_sub(r.start.completions_rejected);
+        let restarts_ok = recs.iter().all(|h| h.ledger_balanced);
+        if residuals(&now) == (0, 0) && now.restarts >= status.restarts {
+            r.live_balanced = true;
+        }
+        rep.ledger_balanced = Some(restarts_ok && r.live_balanced);
+
+        let from = rep.injected_unix_ms.unwrap_or(r.opened_ms);
+        let base = samples
+            .iter()
+            .rev()
+            .find(|s| s.unix_ms <= from)
+            .or(samples.first())
+            .copied();
+        rep.detected_unix_ms = recs.first().map(|h| h.detected_unix_ms).or_else(|| {
+            let b = base?;
+            samples
+                .iter()
+                .find(|s| s.unix_ms > from && s.evidence > b.evidence)
+                .map(|s| s.unix_ms)
+        });
+        // Traffic resumes after the last restart's recovery (or after the injection).
+        let back = recs
+            .last()
+            .map_or(from, |h| h.detected_unix_ms + h.recovery_ms.ceil() as u64);
+        rep.resumed_unix_ms = samples
+            .iter()
+            .rev()
+            .find(|s| s.unix_ms <= back)
+            .or(base.as_ref())
+            .and_then(|b| {
+                samples
+                    .iter()
+                    .find(|s| s.unix_ms > back.max(b.unix_ms) && s.packets > b.packets)
+                    .map(|s| s.unix_ms)
+            });
+        let since = |t: Option<u64>| t.map(|t| t as f64 - from as f64);
+        rep.detect_ms = since(rep.detected_unix_ms).filter(|_| rep.injected_unix_ms.is_some());
+        rep.resume_ms = since(rep.resumed_unix_ms).filter(|_| rep.injected_unix_ms.is_some());
+        let end = r.closed_ms.unwrap_or_else(unix_ms);
+        let w = WINDOW.as_millis() as u64;
+        let resumed = rep.resumed_unix_ms;
+        rep.throughput_mbps = Throughput {
+            before: rate(samples, from.saturating_sub(w), from),
+            during: rate(samples, from, resumed.unwrap_or(end)),
+            after: resumed.and_then(|t| rate(samples, t, (t + w).min(end))),
+        };
+        (now, status)
+    }
+
+    pub(super) fn close(&self, r: &mut Record, sampler: &Sampler, iperf: Option<&[(u64, f64)]>) {
+        if r.closed_ms.is_some() {
+            return;
+        }
+        r.closed_ms = Some(unix_ms());
+        self.refresh(r, &sampler.snapshot());
+        if let Some(iv) = iperf {
+            self.finish_iperf(r, iv);
+        }
+    }
+
+    pub(super) fn finish_iperf(&self, r: &mut Record, iv: &[(u64, f64)]) {
+        if iv.is_empty() {
+            return;
+        }
+        let rep = &mut r.rep;
+        let from = rep.injected_unix_ms.unwrap_or(r.opened_ms);
+        let end = r.closed_ms.unwrap_or_else(unix_ms);
+        let w = WINDOW.as_millis() as u64;
+        // An interval line is stamped when it ends: a line within a second of the
+        // resumption still covers the gap.
+        let back = rep.resumed_unix_ms.map(|t| t + 1000);
+        rep.iperf3_mbps = Throughput {
+            before: mean_in(iv, from.saturating_sub(w), from),
+            during: mean_in(iv, from, back.unwrap_or(end).min(end)),
+            after: back.and_then(|b| mean_in(iv, b, (b + w).min(end))),
+        };
+    }
+}
