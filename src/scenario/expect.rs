@@ -3,11 +3,12 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::Expect;
 use super::record::{Record, rates_for_restore, records_since, residuals};
 use super::report::Outcome;
+use super::report::{AtRest, Residuals};
 use super::run::Runner;
 use super::traffic::{Load, Sampler};
+use super::{Expect, kill};
 use crate::iface::stats::Snapshot;
 
 impl Runner {
@@ -27,7 +28,9 @@ impl Runner {
             let rose = |c: &String| counter(&now, c) > counter(&r.start, c);
             let pending = e.state.as_ref().is_some_and(|s| *s != status.state)
                 || want_restarts.is_some_and(|n| rep.restarts < n)
-                || (e.cause.is_some() || e.recovered_within_ms.is_some()) && rep.restarts == 0
+                || e.cause.is_some() && rep.restarts == 0
+                || e.recovered_within_ms.is_some() && rep.recovery_ms.is_none()
+                || e.new_daemon == Some(true) && !self.new_daemon(r).0
                 || e.fired == Some(true) && rep.fired == 0
                 || !e.rising.iter().all(rose)
                 || (e.traffic_running.is_some() || e.resumed_within_ms.is_some())
@@ -119,7 +122,8 @@ impl Runner {
             );
         }
         if let Some(want) = e.ledger_balanced {
-            let (rr, sr) = residuals(&now);
+            let res = residuals(&now);
+            let (rr, sr) = (res.recv, res.send);
             let bad: Vec<u16> = records_since(&status, r.restarts0)
                 .iter()
                 .filter(|h| !h.ledger_balanced)
@@ -225,13 +229,60 @@ impl Runner {
                 },
             );
         }
+        if let Some(want) = e.new_daemon {
+            let (ok, detail) = self.new_daemon(r);
+            check(
+                "a new daemon answers".into(),
+                ok == want,
+                format!("{detail} ({waited})"),
+            );
+        }
+        if e.iperf3_resumed.is_some() {
+            // Checked when the load has stopped: the intervals after the fault count.
+            r.want_iperf3_resumed = e.iperf3_resumed;
+        }
         out
     }
 
+    /// Whether the daemon answering on the control socket is the one the newest kill
+    /// started (another pid than the killed one, the same command line), and what was
+    /// seen.
+    fn new_daemon(&self, r: &Record) -> (bool, String) {
+        let Some(d) = &r.rep.daemon else {
+            return (false, "no kill before it".into());
+        };
+        let (Some(old), Some(new)) = (d.old_pid, d.new_pid) else {
+            return (
+                false,
+                d.error.clone().unwrap_or_else(|| "no new daemon".into()),
+            );
+        };
+        match kill::answering(&self.client.path) {
+            Err(e) => (false, format!("nothing answers: {e}")),
+            Ok((pid, st)) => {
+                let argv = kill::process(pid).map(|p| {
+                    p.argv
+                        .iter()
+                        .map(|a| a.to_string_lossy().into_owned())
+                        .collect::<Vec<_>>()
+                });
+                let same = argv.as_ref().is_ok_and(|a| *a == d.argv);
+                (
+                    pid == new && pid != old && same && st.state == "running",
+                    format!(
+                        "pid {pid} answers ({}; killed {old}, started {new}), command line {}",
+                        st.state,
+                        if same { "the same" } else { "DIFFERENT" }
+                    ),
+                )
+            }
+        }
+    }
+
     /// The daemon at rest, after the load stopped: running, and its ledger balanced.
-    pub(super) fn at_rest(&self) -> Vec<Outcome> {
+    pub(super) fn at_rest(&self) -> (Vec<Outcome>, AtRest) {
         let end = Instant::now() + Duration::from_secs(10);
-        let (mut state, mut res) = (String::from("unknown"), None);
+        let (mut state, mut res) = (String::from("unknown"), None::<Residuals>);
         while Instant::now() < end {
             if let Ok(s) = self.client.status() {
                 state = s.state;
@@ -239,12 +290,18 @@ impl Runner {
             if let Ok(s) = self.client.stats() {
                 res = Some(residuals(&s));
             }
-            if state == "running" && res == Some((0, 0)) {
+            if state == "running" && res.is_some_and(|r| r.balanced()) {
                 break;
             }
             thread::sleep(Duration::from_millis(100));
         }
-        vec![
+        let balanced = res.is_some_and(|r| r.balanced());
+        let rest = AtRest {
+            state: state.clone(),
+            ledger_residuals: res,
+            ledger_balanced: balanced,
+        };
+        let checks = vec![
             Outcome {
                 what: "the interface runs at the end".into(),
                 ok: state == "running",
@@ -252,13 +309,14 @@ impl Runner {
             },
             Outcome {
                 what: "ledger balanced at the end".into(),
-                ok: res == Some((0, 0)),
+                ok: balanced,
                 detail: res.map_or_else(
                     || "no counters".into(),
-                    |(r, s)| format!("residuals recv {r}, send {s} (posted - completed - flushed - reaped - outstanding)"),
+                    |r| format!("residuals recv {}, send {} (posted - completed - flushed - reaped - outstanding)", r.recv, r.send),
                 ),
             },
-        ]
+        ];
+        (checks, rest)
     }
 }
 

@@ -2,13 +2,14 @@
 //! each read with its type and range checked and its line kept for the error.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
 use toml::Spanned;
 
 use super::parse::{CAUSES, Parser, RawTable, STATES, counter_names, substitute};
-use super::{Expect, MAX_MS, MAX_STORM, Program, ScenarioError, Storm};
+use super::{Expect, Kill, MAX_MS, MAX_STORM, Program, SIGNALS, ScenarioError, Storm};
 use crate::iface::stats::DropReason;
 use crate::verbs::fault::{FaultKind, FaultSpec};
 
@@ -297,6 +298,56 @@ impl Fields<'_> {
         })
     }
 
+    pub(super) fn kill(
+        &self,
+        label: String,
+        vars: &BTreeMap<String, String>,
+    ) -> Result<Kill, ScenarioError> {
+        let names: Vec<&str> = SIGNALS.iter().map(|(n, _)| *n).collect();
+        let given = self.string("signal")?.ok_or_else(|| {
+            self.missing(
+                "signal",
+                &format!("the signal to send: one of {}", names.join(", ")),
+            )
+        })?;
+        let name = given.strip_prefix("SIG").unwrap_or(&given);
+        let Some((name, signal)) = SIGNALS.iter().find(|(n, _)| *n == name) else {
+            return Err(self.wrong(
+                "signal",
+                format!("unknown signal {given:?}; known: {}", names.join(", ")),
+            ));
+        };
+        match self.bool("restart")? {
+            Some(true) => {}
+            Some(false) => {
+                return Err(self.wrong(
+                    "restart",
+                    "must be true: the scenario goes on against the daemon, so it is started again"
+                        .into(),
+                ));
+            }
+            None => {
+                return Err(self.missing(
+                    "restart",
+                    "restart = true (the daemon is started again as it was)",
+                ));
+            }
+        }
+        let log = match self.string("log")? {
+            None => None,
+            Some(l) => Some(PathBuf::from(
+                substitute(&l, vars).map_err(|why| self.wrong("log", why))?,
+            )),
+        };
+        Ok(Kill {
+            signal: *signal,
+            signal_name: (*name).to_string(),
+            timeout: Duration::from_millis(self.ms("timeout_ms")?.unwrap_or(30_000)),
+            log,
+            label,
+        })
+    }
+
     pub(super) fn expect(&self) -> Result<Expect, ScenarioError> {
         let mut e = Expect {
             within: Duration::from_millis(self.ms("within_ms")?.unwrap_or(10_000)),
@@ -358,6 +409,8 @@ impl Fields<'_> {
         e.fired = self.bool("fired")?;
         e.traffic_running = self.bool("traffic_running")?;
         e.rate_restored = self.fraction("rate_restored")?;
+        e.new_daemon = self.bool("new_daemon")?;
+        e.iperf3_resumed = self.bool("iperf3_resumed")?;
         let checks = [
             e.state.is_some(),
             e.restarts.is_some(),
@@ -373,6 +426,8 @@ impl Fields<'_> {
             e.fired.is_some(),
             e.traffic_running.is_some(),
             e.rate_restored.is_some(),
+            e.new_daemon.is_some(),
+            e.iperf3_resumed.is_some(),
         ];
         if !checks.iter().any(|c| *c) {
             return Err(self.p.err(

@@ -53,6 +53,8 @@ use crate::verbs::fault::FaultSpec;
 
 mod expect;
 mod fields;
+mod gaps;
+mod kill;
 mod parse;
 mod record;
 mod report;
@@ -189,6 +191,8 @@ pub enum Action {
     },
     /// Many faults, spread over a time.
     Storm(Storm),
+    /// Kill the daemon with a signal and start it again the way it was started.
+    Kill(Kill),
     /// Check the newest fault record.
     Expect(Box<Expect>),
 }
@@ -208,6 +212,35 @@ pub struct Storm {
     /// The report's name for it.
     pub label: String,
 }
+
+/// A `kill` step: the daemon behind the control socket gets `signal`; once it has
+/// exited, it is started again with the command line, environment and working
+/// directory it had, its output going to `log`.
+#[derive(Debug, Clone)]
+pub struct Kill {
+    /// The signal's number (`libc::SIGKILL`, ...).
+    pub signal: i32,
+    /// Its name without `SIG` (`KILL`), for the report.
+    pub signal_name: String,
+    /// How long the old daemon may take to exit, and then the new one to answer
+    /// `running` on the control socket (each).
+    pub timeout: Duration,
+    /// Where the new daemon's stdout and stderr go; `None`: a file in the temporary
+    /// directory named after the killed pid.
+    pub log: Option<PathBuf>,
+    /// The report's name for it.
+    pub label: String,
+}
+
+/// The signals a `kill` step may send, by name.
+pub const SIGNALS: [(&str, i32); 6] = [
+    ("KILL", libc::SIGKILL),
+    ("TERM", libc::SIGTERM),
+    ("INT", libc::SIGINT),
+    ("QUIT", libc::SIGQUIT),
+    ("HUP", libc::SIGHUP),
+    ("ABRT", libc::SIGABRT),
+];
 
 /// What an `expect` step checks, against the newest fault record. Conditions that take
 /// time (`state`, `restarts`, `traffic_running`, ...) are waited for up to `within`.
@@ -245,6 +278,12 @@ pub struct Expect {
     /// fraction of its rate in the window before the fault (waited for up to `within`):
     /// what a user sees, not only that some data moved.
     pub rate_restored: Option<f64>,
+    /// After a `kill`: a new daemon (another pid, the same command line) answers on the
+    /// control socket.
+    pub new_daemon: Option<bool>,
+    /// The load's iperf3 intervals after the fault's longest ~0-byte stretch hold bytes
+    /// (checked when the load has stopped, since later intervals count).
+    pub iperf3_resumed: Option<bool>,
 }
 
 /// The trailing window over which `rate_restored` measures the rate now.

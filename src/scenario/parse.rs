@@ -63,7 +63,7 @@ pub(super) struct Parser<'a> {
 }
 
 /// The keys each step takes besides `do`.
-const STEP_KEYS: [(&str, &[&str]); 7] = [
+const STEP_KEYS: [(&str, &[&str]); 8] = [
     ("wait", &["ms"]),
     ("inject", &["label"]), // plus the fault's own fields
     ("clear", &[]),
@@ -76,6 +76,7 @@ const STEP_KEYS: [(&str, &[&str]); 7] = [
         "storm",
         &["count", "duration_ms", "seed", "faults", "label"],
     ),
+    ("kill", &["signal", "restart", "timeout_ms", "log", "label"]),
     (
         "expect",
         &[
@@ -94,6 +95,8 @@ const STEP_KEYS: [(&str, &[&str]); 7] = [
             "fired",
             "traffic_running",
             "rate_restored",
+            "new_daemon",
+            "iperf3_resumed",
         ],
     ),
 ];
@@ -209,18 +212,37 @@ impl Parser<'_> {
         }
         let mut steps = Vec::with_capacity(raw.step.len());
         let mut opened = false;
+        // Whether the newest fault record is a kill's (a new daemon).
+        let mut killed = false;
         for (i, s) in raw.step.iter().enumerate() {
             let step = self.step(i + 1, s, &vars)?;
+            let key = |k: &str, why: &str| {
+                let span = s.get_ref().get(k).map_or_else(|| s.span(), |v| v.span());
+                self.err(span, format!("step[{}].{k}", i + 1), why.into())
+            };
             match &step.action {
                 Action::Inject { .. }
                 | Action::Restart { .. }
                 | Action::Storm(_)
-                | Action::Exec { fault: Some(_), .. } => opened = true,
+                | Action::Exec { fault: Some(_), .. } => (opened, killed) = (true, false),
+                Action::Kill(_) => (opened, killed) = (true, true),
                 Action::Expect(_) if !opened => {
                     return Err(self.err(
                         s.span(),
                         format!("step[{}]", i + 1),
-                        "an expect needs a fault before it (inject, restart, storm, or exec with fault = ...)".into(),
+                        "an expect needs a fault before it (inject, restart, storm, kill, or exec with fault = ...)".into(),
+                    ));
+                }
+                Action::Expect(e) if e.new_daemon.is_some() && !killed => {
+                    return Err(key(
+                        "new_daemon",
+                        "needs a kill step before it (the newest fault must be a kill)",
+                    ));
+                }
+                Action::Expect(e) if e.detected_within_ms.is_some() && killed => {
+                    return Err(key(
+                        "detected_within_ms",
+                        "a killed daemon detects nothing: after a kill, check recovered_within_ms (kill to interface up) or resumed_within_ms",
                     ));
                 }
                 _ => {}
@@ -230,11 +252,12 @@ impl Parser<'_> {
         if traffic.is_none()
             && let Some(s) = steps
                 .iter()
-                .find(|s| matches!(&s.action, Action::Expect(e) if e.traffic_running.is_some() || e.rate_restored.is_some()))
+                .find(|s| matches!(&s.action, Action::Expect(e) if e.traffic_running.is_some() || e.rate_restored.is_some() || e.iperf3_resumed.is_some()))
         {
             let field = match &s.action {
-                Action::Expect(e) if e.traffic_running.is_none() => "rate_restored",
-                _ => "traffic_running",
+                Action::Expect(e) if e.traffic_running.is_some() => "traffic_running",
+                Action::Expect(e) if e.rate_restored.is_some() => "rate_restored",
+                _ => "iperf3_resumed",
             };
             return Err(ScenarioError {
                 file: self.path.to_owned(),
@@ -330,6 +353,7 @@ impl Parser<'_> {
                 }
             }
             "storm" => Action::Storm(f.storm(label("storm")?)?),
+            "kill" => Action::Kill(f.kill(label("kill-restart")?, vars)?),
             "expect" => Action::Expect(Box::new(f.expect()?)),
             _ => unreachable!("checked against STEP_KEYS"),
         };

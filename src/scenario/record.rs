@@ -3,9 +3,10 @@
 
 use serde_json::Value;
 
-use super::report::{FaultReport, Throughput};
+use super::gaps;
+use super::report::{FaultReport, Iperf3Session, Outcome, Residuals, Throughput};
 use super::run::{Runner, WINDOW, unix_ms};
-use super::traffic::{Sample, Sampler};
+use super::traffic::{Interval, Sample, Sampler};
 use crate::iface::stats::Snapshot;
 use crate::runtime::supervisor::{RestartRecord, Status};
 
@@ -23,11 +24,23 @@ pub(super) struct Record {
     /// A live snapshot balanced since it opened (after its restarts).
     pub(super) live_balanced: bool,
     pub(super) closed_ms: Option<u64>,
+    /// The generation of the counter samples that are this record's daemon's.
+    pub(super) generation: u32,
+    /// An `expect` asked for `iperf3_resumed`, checked once the load has stopped.
+    pub(super) want_iperf3_resumed: Option<bool>,
 }
 
-pub(super) fn residuals(s: &Snapshot) -> (i128, i128) {
-    let r = |l: [u64; 5]| l[0] as i128 - l[1..].iter().map(|v| *v as i128).sum::<i128>();
-    (r(s.ledger(true)), r(s.ledger(false)))
+/// The ledger's residuals in `s`, per ring: posted - completed - flushed - reaped -
+/// outstanding. The one place the conservation law is computed.
+pub(super) fn residuals(s: &Snapshot) -> Residuals {
+    let r = |l: [u64; 5]| {
+        let v = l[0] as i128 - l[1..].iter().map(|v| *v as i128).sum::<i128>();
+        v.clamp(i64::MIN as i128, i64::MAX as i128) as i64
+    };
+    Residuals {
+        recv: r(s.ledger(true)),
+        send: r(s.ledger(false)),
+    }
 }
 
 /// The restart records added since `restarts0` restarts.
@@ -37,9 +50,13 @@ pub(super) fn records_since(status: &Status, restarts0: u64) -> Vec<RestartRecor
     h[h.len().saturating_sub(n)..].to_vec()
 }
 
+/// The interface's rate from `from` to `to` (Mbit/s), over samples of one daemon (the
+/// one read at `to`: a new daemon's counters start again from 0).
 pub(super) fn rate(samples: &[Sample], from: u64, to: u64) -> Option<f64> {
-    let a = samples.iter().find(|s| s.unix_ms >= from)?;
     let b = samples.iter().rev().find(|s| s.unix_ms <= to)?;
+    let a = samples
+        .iter()
+        .find(|s| s.unix_ms >= from && s.generation == b.generation)?;
     let dt = b.unix_ms.checked_sub(a.unix_ms)?;
     if dt < 200 {
         return None;
@@ -64,11 +81,11 @@ pub(super) fn rates_for_restore(
     (before, now)
 }
 
-pub(super) fn mean_in(iv: &[(u64, f64)], from: u64, to: u64) -> Option<f64> {
+pub(super) fn mean_in(iv: &[Interval], from: u64, to: u64) -> Option<f64> {
     let v: Vec<f64> = iv
         .iter()
-        .filter(|(t, _)| *t > from && *t <= to)
-        .map(|(_, m)| *m)
+        .filter(|i| i.stamp_ms > from && i.stamp_ms <= to)
+        .map(|i| i.mbps)
         .collect();
     (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
@@ -112,6 +129,8 @@ impl Runner {
             seq0,
             live_balanced: false,
             closed_ms: None,
+            generation: sampler.generation(),
+            want_iperf3_resumed: None,
         });
     }
 
@@ -142,7 +161,15 @@ impl Runner {
         rep.causes = recs.iter().map(|h| h.cause.clone()).collect();
         rep.wr_reaped = recs.iter().map(|h| h.wr_reaped).sum();
         rep.sends_reaped = recs.iter().map(|h| h.sends_reaped).sum();
-        rep.recovery_ms = recs.iter().map(|h| h.recovery_ms).reduce(f64::max);
+        // A killed daemon's recovery: from the signal to the new one's `interface up`
+        // (its log line, or else its first `running` answer).
+        let killed = rep.daemon.as_ref();
+        let kill_recovery = killed.and_then(|d| d.log_up_ms.or(d.up_ms));
+        rep.recovery_ms = recs
+            .iter()
+            .map(|h| h.recovery_ms)
+            .chain(kill_recovery)
+            .reduce(f64::max);
         rep.drops = now
             .drops
             .iter()
@@ -155,40 +182,58 @@ impl Runner {
             .completions_rejected
             .saturating_sub(r.start.completions_rejected);
         let restarts_ok = recs.iter().all(|h| h.ledger_balanced);
-        if residuals(&now) == (0, 0) && now.restarts >= status.restarts {
-            r.live_balanced = true;
+        if self.has_read_stats() {
+            let res = residuals(&now);
+            rep.ledger_residuals = Some(res);
+            if res.balanced() && now.restarts >= status.restarts {
+                r.live_balanced = true;
+            }
         }
         rep.ledger_balanced = Some(restarts_ok && r.live_balanced);
 
         let from = rep.injected_unix_ms.unwrap_or(r.opened_ms);
-        let base = samples
+        // Only the samples of this record's daemon say what happened to it.
+        let cur: Vec<Sample> = samples
+            .iter()
+            .filter(|s| s.generation == r.generation)
+            .copied()
+            .collect();
+        let base = cur
             .iter()
             .rev()
             .find(|s| s.unix_ms <= from)
-            .or(samples.first())
+            .or(cur.first())
             .copied();
-        rep.detected_unix_ms = recs.first().map(|h| h.detected_unix_ms).or_else(|| {
-            let b = base?;
-            samples
-                .iter()
-                .find(|s| s.unix_ms > from && s.evidence > b.evidence)
-                .map(|s| s.unix_ms)
-        });
-        // Traffic resumes after the last restart's recovery (or after the injection).
+        rep.detected_unix_ms = if killed.is_some() {
+            // A killed daemon notices nothing; its successor starts fresh.
+            None
+        } else {
+            recs.first().map(|h| h.detected_unix_ms).or_else(|| {
+                let b = base?;
+                cur.iter()
+                    .find(|s| s.unix_ms > from && s.evidence > b.evidence)
+                    .map(|s| s.unix_ms)
+            })
+        };
+        // Traffic resumes after the last restart's recovery (or after the injection),
+        // and after a kill once the new daemon is up: it moved past what the new daemon
+        // had counted then (nothing, if no sample came before).
+        let up = killed.map(|d| d.up_unix_ms.unwrap_or(u64::MAX));
         let back = recs
             .last()
-            .map_or(from, |h| h.detected_unix_ms + h.recovery_ms.ceil() as u64);
-        rep.resumed_unix_ms = samples
-            .iter()
-            .rev()
-            .find(|s| s.unix_ms <= back)
-            .or(base.as_ref())
-            .and_then(|b| {
-                samples
-                    .iter()
-                    .find(|s| s.unix_ms > back.max(b.unix_ms) && s.packets > b.packets)
-                    .map(|s| s.unix_ms)
-            });
+            .map_or(from, |h| h.detected_unix_ms + h.recovery_ms.ceil() as u64)
+            .max(up.unwrap_or(0));
+        let before_back = cur.iter().rev().find(|s| s.unix_ms <= back).copied();
+        let base_back = match (before_back, up) {
+            (Some(s), _) => Some(s),
+            (None, Some(_)) => Some(Sample::ZERO),
+            (None, None) => base,
+        };
+        rep.resumed_unix_ms = base_back.and_then(|b| {
+            cur.iter()
+                .find(|s| s.unix_ms > back.max(b.unix_ms) && s.packets > b.packets)
+                .map(|s| s.unix_ms)
+        });
         let since = |t: Option<u64>| t.map(|t| t as f64 - from as f64);
         rep.detect_ms = since(rep.detected_unix_ms).filter(|_| rep.injected_unix_ms.is_some());
         rep.resume_ms = since(rep.resumed_unix_ms).filter(|_| rep.injected_unix_ms.is_some());
@@ -203,7 +248,7 @@ impl Runner {
         (now, status)
     }
 
-    pub(super) fn close(&self, r: &mut Record, sampler: &Sampler, iperf: Option<&[(u64, f64)]>) {
+    pub(super) fn close(&self, r: &mut Record, sampler: &Sampler, iperf: Option<&[Interval]>) {
         if r.closed_ms.is_some() {
             return;
         }
@@ -214,7 +259,7 @@ impl Runner {
         }
     }
 
-    pub(super) fn finish_iperf(&self, r: &mut Record, iv: &[(u64, f64)]) {
+    pub(super) fn finish_iperf(&self, r: &mut Record, iv: &[Interval]) {
         if iv.is_empty() {
             return;
         }
@@ -231,4 +276,56 @@ impl Runner {
             after: back.and_then(|b| mean_in(iv, b, (b + w).min(end))),
         };
     }
+}
+
+/// The load's iperf3 intervals around every record's fault (see [`super::gaps`]), and
+/// the `iperf3_resumed` checks the records' expectations asked for. `None` when the
+/// load printed no interval line.
+pub(super) fn iperf3_windows(records: &mut [Record], iv: &[Interval]) -> Option<Iperf3Session> {
+    let end = unix_ms();
+    let faults: Vec<(u64, u64)> = records
+        .iter()
+        .map(|r| {
+            (
+                r.rep.injected_unix_ms.unwrap_or(r.opened_ms),
+                r.closed_ms.unwrap_or(end),
+            )
+        })
+        .collect();
+    let (session, windows) = gaps::analyse(iv, &faults);
+    for (r, w) in records.iter_mut().zip(windows) {
+        if let Some(want) = r.want_iperf3_resumed {
+            let (ok, detail) = match &w {
+                None if iv.is_empty() => (false, "the load printed no iperf3 interval".into()),
+                None => (false, "no iperf3 interval around the fault".into()),
+                Some(w) if w.intervals_after == 0 => (
+                    false,
+                    "no iperf3 interval after the fault (the session ended or its output stopped)"
+                        .into(),
+                ),
+                Some(w) => (
+                    w.bytes_after > 0.0,
+                    format!(
+                        "{:.1} MiB in {} interval(s) after the longest ~0-byte stretch ({:.1} s, back {:+.1} s from the fault)",
+                        w.bytes_after / (1024.0 * 1024.0),
+                        w.intervals_after,
+                        w.gap_ms / 1e3,
+                        w.back_ms / 1e3
+                    ),
+                ),
+            };
+            r.rep.expectations.push(Outcome {
+                what: if want {
+                    "iperf3 moved data after the fault"
+                } else {
+                    "iperf3 moved no data after the fault"
+                }
+                .into(),
+                ok: ok == want,
+                detail,
+            });
+        }
+        r.rep.iperf3 = w;
+    }
+    (!iv.is_empty()).then_some(session)
 }

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
-use super::record::Record;
+use super::kill;
+use super::record::{Record, iperf3_windows};
 use super::report::{Outcome, Report};
 use super::steps::exec;
 use super::traffic::{Load, Sampler, lock};
@@ -115,6 +116,18 @@ impl Runner {
     /// The daemon's counters, or the last good reading if this read fails.
     pub(super) fn read_stats(&self) -> Snapshot {
         self.read_or_last("counters", self.client.stats(), |r| &mut r.stats)
+    }
+
+    /// Whether a reading of the counters worked since the last [`Self::forget_readings`].
+    pub(super) fn has_read_stats(&self) -> bool {
+        self.reads.borrow().stats.is_some()
+    }
+
+    /// The daemon is a new one: its predecessor's readings do not stand in for its own.
+    fn forget_readings(&self) {
+        let mut r = self.reads.borrow_mut();
+        r.stats = None;
+        r.status = None;
     }
 
     /// The daemon's status, or the last good reading if this read fails.
@@ -241,6 +254,8 @@ impl Runner {
         }
 
         let mut records: Vec<Record> = Vec::new();
+        // Daemons a kill step started (they outlive the run).
+        let mut children: Vec<std::process::Child> = Vec::new();
         for iteration in 1..=sc.repeat {
             if sc.repeat > 1 {
                 self.say(&format!("repetition {iteration} of {}", sc.repeat));
@@ -311,6 +326,59 @@ impl Runner {
                                 .push(format!("{at}: {}: {}", outcome.what, outcome.detail));
                         }
                     }
+                    Action::Kill(k) => {
+                        self.open(
+                            &mut records,
+                            &sampler,
+                            iteration,
+                            step.line,
+                            "kill",
+                            &k.label,
+                            false,
+                        );
+                        self.say(&format!(
+                            "{at}: SIG{} to the daemon, then start it again",
+                            k.signal_name
+                        ));
+                        let killed =
+                            kill::kill_and_restart(k, &self.client.path, &mut children, || {
+                                sampler.next_generation();
+                                self.forget_readings();
+                            });
+                        children.extend(killed.child);
+                        let d = killed.report;
+                        let outcome = Outcome {
+                            what: format!(
+                                "SIG{} to the daemon, a new one running within {} ms",
+                                k.signal_name,
+                                k.timeout.as_millis()
+                            ),
+                            ok: d.error.is_none(),
+                            detail: d.error.clone().unwrap_or_else(|| {
+                                format!(
+                                    "pid {} gone after {:.0} ms, pid {} running after {:.0} ms (log: {})",
+                                    d.old_pid.unwrap_or(0),
+                                    d.exit_ms.unwrap_or(0.0),
+                                    d.new_pid.unwrap_or(0),
+                                    d.up_ms.unwrap_or(0.0),
+                                    d.log
+                                )
+                            }),
+                        };
+                        self.say(&format!("{at}: {}", outcome.detail));
+                        if let Some(r) = records.last_mut() {
+                            // The new daemon's counters, restarts and injections start
+                            // at 0: so does the record.
+                            r.start = Snapshot::default();
+                            r.restarts0 = 0;
+                            r.injected0 = 0;
+                            r.seq0 = 0;
+                            r.opened_ms = d.killed_unix_ms.unwrap_or(r.opened_ms);
+                            r.generation = sampler.generation();
+                            r.rep.expectations.push(outcome);
+                            r.rep.daemon = Some(d);
+                        }
+                    }
                     Action::Storm(storm) => {
                         self.open(
                             &mut records,
@@ -365,6 +433,7 @@ impl Runner {
             for r in records.iter_mut() {
                 self.finish_iperf(r, &lock(&iv));
             }
+            report.iperf3 = iperf3_windows(&mut records, &lock(&iv));
         } else if let Some(r) = records.last_mut() {
             self.close(r, &sampler, None);
         }
@@ -374,7 +443,9 @@ impl Runner {
                 .failures
                 .push(format!("clearing faults at the end: {e}"));
         }
-        report.checks = self.at_rest();
+        let (checks, at_rest) = self.at_rest();
+        report.checks = checks;
+        report.at_rest = Some(at_rest);
         report.checks.extend(self.reads_check());
         for r in records.iter_mut() {
             r.rep.passed = r.rep.expectations.iter().all(|o| o.ok);
