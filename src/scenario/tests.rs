@@ -486,3 +486,92 @@ fn rate_restored_is_a_fraction_and_needs_traffic() {
     let e = err("[[step]]\ndo = \"restart\"\n[[step]]\ndo = \"expect\"\nrate_restored = 0.5\n");
     assert_eq!(e.field, "rate_restored", "{e}");
 }
+
+#[test]
+fn a_kill_step_loads_with_its_signal_and_log() {
+    let mut o = BTreeMap::new();
+    o.insert("out".to_string(), "/tmp/lab".to_string());
+    let s = Scenario::parse(
+        Path::new("t.toml"),
+        "[[step]]\ndo = \"kill\"\nsignal = \"SIGKILL\"\nrestart = true\nlog = \"${out}/d.log\"\n[[step]]\ndo = \"expect\"\nnew_daemon = true\n",
+        &o,
+    )
+    .unwrap();
+    let Action::Kill(k) = &s.steps[0].action else {
+        panic!("{:?}", s.steps[0]);
+    };
+    assert_eq!((k.signal, k.signal_name.as_str()), (libc::SIGKILL, "KILL"));
+    assert_eq!(k.log.as_deref(), Some(Path::new("/tmp/lab/d.log")));
+    assert_eq!(k.timeout, std::time::Duration::from_millis(30_000));
+    assert_eq!(k.label, "kill-restart");
+    let s = parse("[[step]]\ndo = \"kill\"\nsignal = \"TERM\"\nrestart = true\ntimeout_ms = 5000\nlabel = \"k\"\n").unwrap();
+    let Action::Kill(k) = &s.steps[0].action else {
+        panic!()
+    };
+    assert_eq!(
+        (k.signal, k.timeout.as_millis(), k.label.as_str()),
+        (libc::SIGTERM, 5000, "k")
+    );
+}
+
+#[test]
+fn a_kill_step_names_what_is_wrong() {
+    let e = err("[[step]]\ndo = \"kill\"\nsignal = \"KIL\"\nrestart = true\n");
+    assert_eq!((e.line, e.field.as_str()), (3, "step[1].signal"), "{e}");
+    assert!(e.why.contains("unknown signal \"KIL\""), "{e}");
+    assert!(e.why.contains("KILL, TERM"), "{e}");
+    assert!(
+        e.to_string().starts_with("t.toml:3: step[1].signal: "),
+        "{e}"
+    );
+    let e = err("[[step]]\ndo = \"kill\"\nsignal = 9\nrestart = true\n");
+    assert_eq!((e.line, e.field.as_str()), (3, "step[1].signal"), "{e}");
+    assert!(e.why.contains("must be a string"), "{e}");
+    let e = err("\n[[step]]\ndo = \"kill\"\nrestart = true\n");
+    assert_eq!((e.line, e.field.as_str()), (2, "step[1].signal"), "{e}");
+    assert!(e.why.starts_with("missing"), "{e}");
+    let e = err("[[step]]\ndo = \"kill\"\nsignal = \"KILL\"\n");
+    assert_eq!((e.line, e.field.as_str()), (1, "step[1].restart"), "{e}");
+    assert!(e.why.starts_with("missing"), "{e}");
+    let e = err("[[step]]\ndo = \"kill\"\nsignal = \"KILL\"\nrestart = false\n");
+    assert_eq!((e.line, e.field.as_str()), (4, "step[1].restart"), "{e}");
+    assert!(e.why.contains("must be true"), "{e}");
+    let e = err("[[step]]\ndo = \"kill\"\nsignal = \"KILL\"\nrestart = true\nwait_ms = 3\n");
+    assert_eq!((e.line, e.field.as_str()), (5, "step[1].wait_ms"), "{e}");
+    assert!(e.why.contains("unknown field"), "{e}");
+    let e =
+        err("[[step]]\ndo = \"kill\"\nsignal = \"KILL\"\nrestart = true\nlog = \"${nope}/x\"\n");
+    assert_eq!((e.line, e.field.as_str()), (5, "step[1].log"), "{e}");
+    let e = err("[[step]]\ndo = \"kill\"\nsignal = \"KILL\"\nrestart = true\ntimeout_ms = -1\n");
+    assert_eq!((e.line, e.field.as_str()), (5, "step[1].timeout_ms"), "{e}");
+}
+
+#[test]
+fn kill_expectations_need_a_kill_and_fit_one() {
+    let e = err("[[step]]\ndo = \"restart\"\n[[step]]\ndo = \"expect\"\nnew_daemon = true\n");
+    assert_eq!((e.line, e.field.as_str()), (5, "step[2].new_daemon"), "{e}");
+    assert!(e.why.contains("needs a kill step"), "{e}");
+    let kill = "[[step]]\ndo = \"kill\"\nsignal = \"KILL\"\nrestart = true\n";
+    let e = err(&format!(
+        "{kill}[[step]]\ndo = \"expect\"\ndetected_within_ms = 100\n"
+    ));
+    assert_eq!(
+        (e.line, e.field.as_str()),
+        (7, "step[2].detected_within_ms"),
+        "{e}"
+    );
+    // An expect alone after a kill is fine; a fault after the kill is the newest.
+    parse(&format!(
+        "{kill}[[step]]\ndo = \"expect\"\nstate = \"running\"\n"
+    ))
+    .unwrap();
+    let e = err(&format!(
+        "{kill}[[step]]\ndo = \"restart\"\n[[step]]\ndo = \"expect\"\nnew_daemon = true\n"
+    ));
+    assert_eq!(e.field, "step[3].new_daemon", "{e}");
+    let e = err(&format!(
+        "{kill}[[step]]\ndo = \"expect\"\niperf3_resumed = true\n"
+    ));
+    assert_eq!(e.field, "iperf3_resumed", "{e}");
+    assert!(e.why.contains("[traffic]"), "{e}");
+}
