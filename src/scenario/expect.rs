@@ -29,6 +29,8 @@ impl Runner {
             let pending = e.state.as_ref().is_some_and(|s| *s != status.state)
                 || want_restarts.is_some_and(|n| rep.restarts < n)
                 || e.cause.is_some() && rep.restarts == 0
+                || e.failed_attempts_at_least
+                    .is_some_and(|n| rep.restarts == 0 || rep.failed_attempts < n)
                 || e.recovered_within_ms.is_some() && rep.recovery_ms.is_none()
                 || e.new_daemon == Some(true) && !self.new_daemon(r).0
                 || e.fired == Some(true) && rep.fired == 0
@@ -81,6 +83,20 @@ impl Runner {
                     format!("no restart ({waited})")
                 } else {
                     format!("causes: {}", rep.causes.join(", "))
+                },
+            );
+        }
+        if let Some(n) = e.failed_attempts_at_least {
+            check(
+                format!("failed open attempts >= {n}"),
+                rep.restarts > 0 && rep.failed_attempts >= n,
+                if rep.restarts == 0 {
+                    format!("no restart ({waited})")
+                } else {
+                    format!(
+                        "{} failed attempt(s) in {} restart(s)",
+                        rep.failed_attempts, rep.restarts
+                    )
                 },
             );
         }

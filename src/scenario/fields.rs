@@ -380,6 +380,7 @@ impl Fields<'_> {
             e.cause = Some(c);
         }
         e.recovered_within_ms = self.ms("recovered_within_ms")?.map(|n| n as f64);
+        e.failed_attempts_at_least = self.uint("failed_attempts_at_least", 1_000_000)?;
         e.detected_within_ms = self.ms("detected_within_ms")?;
         e.resumed_within_ms = self.ms("resumed_within_ms")?;
         e.ledger_balanced = self.bool("ledger_balanced")?;
@@ -417,6 +418,7 @@ impl Fields<'_> {
             e.restarts_at_least.is_some(),
             e.cause.is_some(),
             e.recovered_within_ms.is_some(),
+            e.failed_attempts_at_least.is_some(),
             e.detected_within_ms.is_some(),
             e.resumed_within_ms.is_some(),
             e.ledger_balanced.is_some(),

@@ -36,9 +36,77 @@
 //! it, plus an optional `label`), `clear`, `restart` (an operator restart), `exec` (a
 //! command, e.g. `rdma link delete ${device}`; with `fault = "NAME"` it opens a fault
 //! record of its own), `storm` (`count` faults spread over `duration_ms`, drawn with
-//! `seed` from the weighted `faults` table) and `expect` (see [`Expect`]). Every
-//! `inject`, `restart`, `storm` and fault-naming `exec` opens a *fault record*; an
-//! `expect` checks the record opened last.
+//! `seed` from the weighted `faults` table), `kill` (below) and `expect` (see
+//! [`Expect`]). Every `inject`, `restart`, `storm`, `kill` and fault-naming `exec` opens
+//! a *fault record*; an `expect` checks the record opened last.
+//!
+//! ## Killing the daemon
+//!
+//! ```toml
+//! [[step]]
+//! do = "kill"
+//! signal = "KILL"             # KILL, TERM, INT, QUIT, HUP or ABRT (SIG prefix allowed)
+//! restart = true              # required: the daemon is started again
+//! timeout_ms = 30000          # for the old one to exit, then for the new one (default 30 s)
+//! log = "${out}/uipoib.2.log" # the new daemon's stdout and stderr (default: a file in
+//!                             # the temporary directory named after the killed pid)
+//! ```
+//!
+//! The daemon is the process listening on the control socket (a client's `SO_PEERCRED`
+//! names it). Its command line, environment and working directory are read from
+//! `/proc/PID`; it gets the signal; once it has exited (gone, or a zombie) the same
+//! command line is started in the same directory with the same environment, detached
+//! (stdin from /dev/null, a process group of its own: it outlives the runner). The step
+//! waits until the new pid answers `running` on the control socket (the daemon serves
+//! it only once its interface is up). It fails, saying which, if the daemon cannot be
+//! found, does not exit within `timeout_ms`, the new one exits first, or does not
+//! answer `running` within `timeout_ms`; the failure is the record's first
+//! expectation, and the run goes on.
+//!
+//! A kill's record starts fresh, because the new daemon's counters, restart history and
+//! fault switch do: its start counters are zeros and every restart of the new daemon
+//! counts as one since the fault (a fresh daemon has none: `restarts = 0` holds). The
+//! injection time is the signal's; there is no detection (`detected_within_ms` is
+//! refused after a kill); `recovered_within_ms` bounds the time from the signal to the
+//! new daemon's interface up (its `interface up` log line, or else its first `running`
+//! answer); `resumed_within_ms` counts from the signal to data moving through the new
+//! daemon; `ledger_balanced` wants the new daemon's counters to balance; `new_daemon =
+//! true` wants the process answering to be the one started (another pid, the same
+//! command line). Counter samples carry the daemon they came from, so that no rate or
+//! resumption is computed across the two daemons' counters.
+//!
+//! ## The report (`--json FILE`)
+//!
+//! One object ([`Report`]); the checks each field serves are computed here only, and
+//! the lab's reports read them rather than computing them again:
+//! - `passed`, `failures` (one line each), `checks` (the run as a whole);
+//! - `at_rest`: `state`, `ledger_residuals` {`recv`, `send`}, `ledger_balanced`: the
+//!   daemon after the load stopped (waited for up to 10 s);
+//! - `iperf3` (when the load printed iperf3 interval lines): `intervals`,
+//!   `baseline_bytes` (median interval before the first fault, the first interval left
+//!   out), `zero_limit_bytes` (1% of it: below, an interval is ~0 bytes),
+//!   `longest_gap_outside_faults_ms` and `_at_ms` (from the first interval);
+//! - `traffic`: `command`, `running_at_end`, `exit`, `tail`;
+//! - `faults[]`, one per record ([`FaultReport`]): `index`, `iteration`, `line`,
+//!   `fault`, `label`; `injected_unix_ms`, `detected_unix_ms`, `resumed_unix_ms`,
+//!   `detect_ms`, `resume_ms` (from the injection); `recovery_ms` (the slowest restart's
+//!   detection to running, or a kill's signal to interface up); `restarts`, `causes`,
+//!   `wr_reaped`, `sends_reaped`, `flushed`, `failed_attempts` (summed over the
+//!   restarts); `fired`, `storm`, `drops`, `stale_completions`; `ledger_balanced`
+//!   (every restart's ledger balanced and a live reading did) and `ledger_residuals`
+//!   {`recv`, `send`} (the last live reading); `throughput_mbps` and `iperf3_mbps`
+//!   {`before`, `during`, `after`}; `iperf3` ([`Iperf3Window`]: `window_ms`,
+//!   `gap_ms`, `gap_from_ms`, `gap_to_ms`, `back_ms`, `min_pct`, `bytes_after`,
+//!   `intervals_after`, `mbps_after`, offsets from the injection); for a kill, `daemon`
+//!   ([`DaemonRestart`]: `signal`, `old_pid`, `new_pid`, `argv`, `cwd`, `log`,
+//!   `killed_unix_ms`, `exited_unix_ms`, `started_unix_ms`, `up_unix_ms`,
+//!   `log_up_unix_ms`, `exit_ms`, `up_ms`, `log_up_ms`, `error`); `expectations[]`
+//!   {`what`, `ok`, `detail`} and `passed`.
+//!
+//! The ledger's residuals are posted - completed - flushed - reaped - outstanding per
+//! ring, from `uipoib stats`; both 0 is a balanced ledger. The iperf3 figures come from
+//! the load's own interval lines (the sender's, unless the load runs `iperf3 -R`), each
+//! placed on the wall clock from when it was read.
 //!
 //! Loading refuses anything it does not understand and says where: the file, the line
 //! and the field that is wrong (an unknown step or key, a value of the wrong type or out
@@ -63,7 +131,10 @@ mod steps;
 mod traffic;
 
 pub use parse::{counter_names, substitute};
-pub use report::{FaultReport, Outcome, Report, Throughput};
+pub use report::{
+    AtRest, DaemonRestart, FaultReport, Iperf3Session, Iperf3Window, Outcome, Report, Residuals,
+    Throughput, TrafficReport,
+};
 pub use run::{RunError, Runner};
 pub use traffic::iperf3_interval_mbps;
 
@@ -256,6 +327,9 @@ pub struct Expect {
     pub restarts_at_least: Option<u64>,
     /// Every restart since the fault has one of these causes.
     pub cause: Option<Vec<String>>,
+    /// The restarts since the fault failed to open the device at least this many times
+    /// in all (the device was away meanwhile).
+    pub failed_attempts_at_least: Option<u64>,
     /// Every restart since the fault recovered within this (ms).
     pub recovered_within_ms: Option<f64>,
     /// The fault was detected within this of its injection (ms).

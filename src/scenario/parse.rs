@@ -86,6 +86,7 @@ const STEP_KEYS: [(&str, &[&str]); 8] = [
             "restarts_at_least",
             "cause",
             "recovered_within_ms",
+            "failed_attempts_at_least",
             "detected_within_ms",
             "resumed_within_ms",
             "ledger_balanced",

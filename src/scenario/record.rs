@@ -161,6 +161,8 @@ impl Runner {
         rep.causes = recs.iter().map(|h| h.cause.clone()).collect();
         rep.wr_reaped = recs.iter().map(|h| h.wr_reaped).sum();
         rep.sends_reaped = recs.iter().map(|h| h.sends_reaped).sum();
+        rep.flushed = recs.iter().map(|h| h.flushed).sum();
+        rep.failed_attempts = recs.iter().map(|h| u64::from(h.failed_attempts)).sum();
         // A killed daemon's recovery: from the signal to the new one's `interface up`
         // (its log line, or else its first `running` answer).
         let killed = rep.daemon.as_ref();

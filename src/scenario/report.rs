@@ -66,6 +66,10 @@ pub struct FaultReport {
     pub wr_reaped: u64,
     /// Of those, sends.
     pub sends_reaped: u64,
+    /// Work requests flushed at those restarts' teardowns.
+    pub flushed: u64,
+    /// Failed attempts to open the device during those restarts (a device away).
+    pub failed_attempts: u64,
     /// Times the armed faults hit.
     pub fired: u64,
     /// For a storm: faults injected by kind.
