@@ -575,3 +575,58 @@ fn kill_expectations_need_a_kill_and_fit_one() {
     assert_eq!(e.field, "iperf3_resumed", "{e}");
     assert!(e.why.contains("[traffic]"), "{e}");
 }
+
+#[test]
+fn iperf3_lines_of_the_load_give_the_gap_figures_and_iperf3_resumed() {
+    // A load that prints a quarter-second iperf3 interval every quarter second.
+    let r = run_fake(
+        "iperf3-lines",
+        |sock| fake_daemon_moving(sock, usize::MAX, |ms| ms * 1000),
+        r#"
+name = "iperf3-lines"
+description = "iperf3 interval lines of the load are measured around the fault"
+
+[traffic]
+command = "s=0; while :; do e=$((s+25)); printf '[  5]   %d.%02d-%d.%02d   sec   256 KBytes  8.39 Mbits/sec    0   100 KBytes\n' $((s/100)) $((s%100)) $((e/100)) $((e%100)); s=$e; sleep 0.25; done"
+warmup_ms = 2000
+
+[[step]]
+do = "wait"
+ms = 1500
+
+[[step]]
+do = "exec"
+fault = "probe"
+command = ["true"]
+
+[[step]]
+do = "expect"
+within_ms = 1000
+iperf3_resumed = true
+
+[[step]]
+do = "wait"
+ms = 1500
+"#,
+    );
+    let s = r.iperf3.as_ref().expect("the session's figures");
+    assert!(s.intervals >= 8, "{s:?}");
+    assert_eq!(s.baseline_bytes, Some(256.0 * 1024.0), "{s:?}");
+    assert_eq!(s.longest_gap_outside_faults_ms, 0.0, "{s:?}");
+    let f = &r.faults[0];
+    let w = f.iperf3.as_ref().expect("the fault's window");
+    assert_eq!(w.gap_ms, 0.0, "{w:?}");
+    assert!(w.intervals_after >= 3 && w.bytes_after > 0.0, "{w:?}");
+    assert_eq!(w.min_pct, Some(100.0), "{w:?}");
+    let o = f
+        .expectations
+        .iter()
+        .find(|o| o.what == "iperf3 moved data after the fault")
+        .expect("the deferred check");
+    assert!(o.ok, "{o:?}");
+    assert!(r.passed, "{:?}", r.failures);
+    assert!(
+        r.at_rest.as_ref().is_some_and(|a| a.ledger_balanced),
+        "{r:?}"
+    );
+}
