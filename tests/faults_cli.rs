@@ -259,6 +259,8 @@ const FAKE_SOCK: &str = "UIPOIB_TEST_FAKE_DAEMON_SOCK";
 /// [`FAKE_THEN`] says (`hang`: never serve; `exit`: exit 3; otherwise serve).
 const FAKE_ONCE: &str = "UIPOIB_TEST_FAKE_DAEMON_ONCE";
 const FAKE_THEN: &str = "UIPOIB_TEST_FAKE_DAEMON_THEN";
+/// A TAP the fake daemon holds (and names in its status), as a daemon does.
+const FAKE_TAP: &str = "UIPOIB_TEST_FAKE_DAEMON_TAP";
 /// How long the fake daemon takes to come up (what the kill step must measure).
 const FAKE_START: Duration = Duration::from_millis(300);
 
@@ -284,11 +286,14 @@ fn fake_daemon_process() {
         }
     }
     std::thread::sleep(FAKE_START);
+    let tap_name = std::env::var(FAKE_TAP).unwrap_or_default();
+    let _tap = (!tap_name.is_empty()).then(|| uipoib::tap::Tap::create(&tap_name, false).unwrap());
     let _srv = ControlServer::start(
         Path::new(&sock),
         Arc::new(Stats::default()),
         Arc::new(Mutex::new(Status {
             state: "running".into(),
+            tap: tap_name,
             epoch: 1,
             ..Status::default()
         })),
@@ -329,8 +334,9 @@ fn alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
-/// Start the fake daemon; `then` is what a later incarnation does (see [`FAKE_THEN`]).
-fn fake_daemon(tag: &str, then: &str) -> FakeDaemon {
+/// Start the fake daemon; `then` is what a later incarnation does (see [`FAKE_THEN`]);
+/// with `tap`, it holds a TAP of that name.
+fn fake_daemon(tag: &str, then: &str, tap: Option<&str>) -> FakeDaemon {
     let sock = sock_path(&format!("kill-{tag}"));
     let dir = sock.parent().unwrap().to_owned();
     let exe = std::env::current_exe().unwrap();
@@ -345,6 +351,7 @@ fn fake_daemon(tag: &str, then: &str) -> FakeDaemon {
         .env(FAKE_SOCK, &sock)
         .env(FAKE_ONCE, dir.join("started"))
         .env(FAKE_THEN, then)
+        .env(FAKE_TAP, tap.unwrap_or(""))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -429,7 +436,16 @@ fn cleanup(mut d: FakeDaemon, report: &serde_json::Value) {
 
 #[test]
 fn a_kill_step_kills_the_daemon_and_starts_it_again_as_it_was() {
-    let mut d = fake_daemon("ok", "serve");
+    // With a TAP when this may create one: the new daemon starts once it is gone.
+    let tap = format!("ukf{}", std::process::id() % 100_000);
+    let tap = std::path::Path::new("/dev/net/tun")
+        .exists()
+        .then_some(tap)
+        .filter(|_| uipoib::runtime::sys::euid() == 0);
+    let mut d = fake_daemon("ok", "serve", tap.as_deref());
+    if let Some(t) = &tap {
+        assert!(Path::new("/sys/class/net").join(t).exists(), "no TAP {t}");
+    }
     let old = d.child.id();
     let (code, stdout, r) = run_kill(&d, 10_000);
     assert_eq!(code, Some(0), "{stdout}\n{r}");
@@ -476,6 +492,15 @@ fn a_kill_step_kills_the_daemon_and_starts_it_again_as_it_was() {
     let up = dm["up_ms"].as_f64().unwrap();
     assert!(up >= FAKE_START.as_millis() as f64 && up < 10_000.0, "{dm}");
     assert!(dm["exit_ms"].as_f64().unwrap() <= up, "{dm}");
+    if tap.is_some() {
+        let gone = dm["tap_gone_ms"].as_f64().expect("the TAP went");
+        assert!(
+            dm["exit_ms"].as_f64().unwrap() <= gone && gone <= up,
+            "{dm}"
+        );
+    } else {
+        assert!(dm["tap_gone_ms"].is_null(), "{dm}");
+    }
     assert_eq!(f["recovery_ms"].as_f64(), Some(up), "{f}");
     assert_eq!(f["injected_unix_ms"], dm["killed_unix_ms"], "{f}");
     assert!(dm["error"].is_null(), "{dm}");
@@ -495,7 +520,7 @@ fn a_kill_step_kills_the_daemon_and_starts_it_again_as_it_was() {
 
 #[test]
 fn a_daemon_that_does_not_come_back_in_time_fails_the_step() {
-    let d = fake_daemon("hang", "hang");
+    let d = fake_daemon("hang", "hang", None);
     let t0 = std::time::Instant::now();
     let (code, stdout, r) = run_kill(&d, 1_500);
     assert_eq!(code, Some(1), "{stdout}\n{r}");
@@ -525,7 +550,7 @@ fn a_daemon_that_does_not_come_back_in_time_fails_the_step() {
 
 #[test]
 fn a_daemon_that_exits_at_once_fails_the_step_saying_so() {
-    let d = fake_daemon("exit", "exit");
+    let d = fake_daemon("exit", "exit", None);
     let (code, stdout, r) = run_kill(&d, 10_000);
     assert_eq!(code, Some(1), "{stdout}\n{r}");
     let why = r["faults"][0]["daemon"]["error"].as_str().unwrap_or("");

@@ -6,7 +6,11 @@
 //! `SO_PEERCRED` names it. Its command line, environment and working directory come
 //! from `/proc/PID/{cmdline,environ,cwd}`; the new daemon gets the same three, no
 //! terminal (stdin from /dev/null, stdout and stderr to the step's log) and a process
-//! group of its own, so that it outlives the runner like the one it replaces.
+//! group of its own, so that it outlives the runner like the one it replaces. It is
+//! started once the old daemon's TAP, if it was in the runner's network namespace, is
+//! gone (the kernel removes it after the process has exited). It runs in the runner's
+//! namespaces and cgroup, not necessarily the old one's: the runner belongs where the
+//! daemon ran.
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -233,7 +237,7 @@ pub(super) fn kill_and_restart(
             child: None,
         }
     };
-    let old = match answering(control).and_then(|(pid, _)| process(pid)) {
+    let (old, tap) = match answering(control).and_then(|(pid, st)| Ok((process(pid)?, st.tap))) {
         Ok(p) => p,
         Err(e) => {
             return fail(
@@ -255,6 +259,10 @@ pub(super) fn kill_and_restart(
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
     rep.cwd = old.cwd.display().to_string();
+    // The old daemon's TAP, when it is in this network namespace: the kernel removes
+    // it after the process has gone, and a new daemon must not race its removal.
+    let sys_tap = Some(Path::new("/sys/class/net").join(&tap))
+        .filter(|p| !tap.is_empty() && !tap.contains('/') && p.exists());
     let t0 = Instant::now();
     rep.killed_unix_ms = Some(unix_ms());
     if let Err(e) = sys::kill_process(old.pid, k.signal) {
@@ -291,6 +299,16 @@ pub(super) fn kill_and_restart(
     rep.exited_unix_ms = Some(unix_ms());
     rep.exit_ms = Some(ms(exited_at));
     exited_hook();
+    if let Some(p) = &sys_tap {
+        // Bounded by the step's timeout; a TAP that stays (a persistent one) is the new
+        // daemon's to take over.
+        while p.exists() && exited_at.elapsed() < k.timeout {
+            thread::sleep(POLL / 5);
+        }
+        if !p.exists() {
+            rep.tap_gone_ms = Some(ms(Instant::now()));
+        }
+    }
 
     let mut child = match start_again(&old, log) {
         Ok(c) => c,

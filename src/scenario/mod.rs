@@ -54,9 +54,11 @@
 //!
 //! The daemon is the process listening on the control socket (a client's `SO_PEERCRED`
 //! names it). Its command line, environment and working directory are read from
-//! `/proc/PID`; it gets the signal; once it has exited (gone, or a zombie) the same
-//! command line is started in the same directory with the same environment, detached
-//! (stdin from /dev/null, a process group of its own: it outlives the runner). The step
+//! `/proc/PID`; it gets the signal; once it has exited (gone, or a zombie) and its TAP
+//! has gone (when it is in the runner's network namespace) the same command line is
+//! started in the same directory with the same environment, detached (stdin from
+//! /dev/null, a process group of its own: it outlives the runner; it runs in the
+//! runner's namespaces, so the runner belongs where the daemon ran). The step
 //! waits until the new pid answers `running` on the control socket (the daemon serves
 //! it only once its interface is up). It fails, saying which, if the daemon cannot be
 //! found, does not exit within `timeout_ms`, the new one exits first, or does not
@@ -100,7 +102,7 @@
 //!   `intervals_after`, `mbps_after`, offsets from the injection); for a kill, `daemon`
 //!   ([`DaemonRestart`]: `signal`, `old_pid`, `new_pid`, `argv`, `cwd`, `log`,
 //!   `killed_unix_ms`, `exited_unix_ms`, `started_unix_ms`, `up_unix_ms`,
-//!   `log_up_unix_ms`, `exit_ms`, `up_ms`, `log_up_ms`, `error`); `expectations[]`
+//!   `log_up_unix_ms`, `exit_ms`, `tap_gone_ms`, `up_ms`, `log_up_ms`, `error`); `expectations[]`
 //!   {`what`, `ok`, `detail`} and `passed`.
 //!
 //! The ledger's residuals are posted - completed - flushed - reaped - outstanding per

@@ -142,6 +142,9 @@ pub struct DaemonRestart {
     pub log_up_unix_ms: Option<u64>,
     /// Signal to the old daemon gone.
     pub exit_ms: Option<f64>,
+    /// Signal to the old daemon's TAP gone (when it was in the runner's network
+    /// namespace, and went within the step's timeout).
+    pub tap_gone_ms: Option<f64>,
     /// Signal to the new daemon answering `running`.
     pub up_ms: Option<f64>,
     /// Signal to the new daemon's `interface up` log line.
