@@ -129,7 +129,14 @@ impl Runner {
                 _ => None,
             };
             check(
-                format!("traffic resumed within {bound} ms of the detection"),
+                format!(
+                    "traffic resumed within {bound} ms of the {}",
+                    if rep.detected_unix_ms.is_some() {
+                        "detection"
+                    } else {
+                        "fault"
+                    }
+                ),
                 after.is_some_and(|a| a <= bound as f64),
                 after.map_or_else(
                     || format!("no traffic moved ({waited})"),

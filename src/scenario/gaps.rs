@@ -145,8 +145,9 @@ fn window(
     let gap = longest_run(win.iter().copied(), |p| p.bytes < zero_limit);
     let after_from = gap.map_or(t, |(_, _, last)| last.end);
     let after: Vec<&&Placed> = win.iter().filter(|p| p.start >= after_from - 1.0).collect();
-    let bytes_after: f64 = after.iter().map(|p| p.bytes).sum();
-    let secs: f64 = after.iter().map(|p| p.secs).sum();
+    // (A sum of no f64 is -0.0.)
+    let bytes_after = after.iter().fold(0.0, |s, p| s + p.bytes);
+    let secs = after.iter().fold(0.0, |s, p| s + p.secs);
     let lowest = win.iter().map(|p| p.bytes).fold(f64::INFINITY, f64::min);
     Some(Iperf3Window {
         window_ms: [from - t, to - t],
