@@ -250,3 +250,313 @@ fn without_the_switch_inject_is_refused_and_status_says_so() {
     let v: serde_json::Value = serde_json::from_slice(&status_cli(&path, true).stdout).unwrap();
     assert_eq!(v["allow_faults"], true, "{v}");
 }
+
+// ---- the scenario step that kills the daemon and starts it again ----------------------
+
+/// Environment of the fake daemon process: its control socket.
+const FAKE_SOCK: &str = "UIPOIB_TEST_FAKE_DAEMON_SOCK";
+/// A marker file: the first incarnation creates it; a later one, finding it, does what
+/// [`FAKE_THEN`] says (`hang`: never serve; `exit`: exit 3; otherwise serve).
+const FAKE_ONCE: &str = "UIPOIB_TEST_FAKE_DAEMON_ONCE";
+const FAKE_THEN: &str = "UIPOIB_TEST_FAKE_DAEMON_THEN";
+/// A TAP the fake daemon holds (and names in its status), as a daemon does.
+const FAKE_TAP: &str = "UIPOIB_TEST_FAKE_DAEMON_TAP";
+/// How long the fake daemon takes to come up (what the kill step must measure).
+const FAKE_START: Duration = Duration::from_millis(300);
+
+/// Not a test by itself: run as a process of its own by the kill tests (this test
+/// binary with `--exact` on this name and [`FAKE_SOCK`] set), it serves a control
+/// socket like a running daemon until it is killed.
+#[test]
+fn fake_daemon_process() {
+    let Some(sock) = std::env::var_os(FAKE_SOCK) else {
+        return;
+    };
+    if let Some(marker) = std::env::var_os(FAKE_ONCE) {
+        if Path::new(&marker).exists() {
+            match std::env::var(FAKE_THEN).as_deref() {
+                Ok("hang") => loop {
+                    std::thread::sleep(Duration::from_secs(1));
+                },
+                Ok("exit") => std::process::exit(3),
+                _ => {}
+            }
+        } else {
+            std::fs::write(&marker, b"started once\n").unwrap();
+        }
+    }
+    std::thread::sleep(FAKE_START);
+    let tap_name = std::env::var(FAKE_TAP).unwrap_or_default();
+    let _tap = (!tap_name.is_empty()).then(|| uipoib::tap::Tap::create(&tap_name, false).unwrap());
+    let _srv = ControlServer::start(
+        Path::new(&sock),
+        Arc::new(Stats::default()),
+        Arc::new(Mutex::new(Status {
+            state: "running".into(),
+            tap: tap_name,
+            epoch: 1,
+            ..Status::default()
+        })),
+        None,
+        Some(Arc::new(FaultSwitch::default())),
+    )
+    .unwrap();
+    println!("fake daemon {} serving", std::process::id());
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// The fake daemon, started by this test: its process and its command line.
+struct FakeDaemon {
+    child: std::process::Child,
+    argv: Vec<String>,
+    dir: PathBuf,
+    sock: PathBuf,
+}
+
+fn cmdline(pid: u32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap_or_default()
+        .split(|c| *c == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect()
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, r)| r.split_whitespace().next() != Some("Z"))
+        })
+        .unwrap_or(false)
+}
+
+/// Start the fake daemon; `then` is what a later incarnation does (see [`FAKE_THEN`]);
+/// with `tap`, it holds a TAP of that name.
+fn fake_daemon(tag: &str, then: &str, tap: Option<&str>) -> FakeDaemon {
+    let sock = sock_path(&format!("kill-{tag}"));
+    let dir = sock.parent().unwrap().to_owned();
+    let exe = std::env::current_exe().unwrap();
+    let args = [
+        "fake_daemon_process",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+    ];
+    let child = Command::new(&exe)
+        .args(args)
+        .env(FAKE_SOCK, &sock)
+        .env(FAKE_ONCE, dir.join("started"))
+        .env(FAKE_THEN, then)
+        .env(FAKE_TAP, tap.unwrap_or(""))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    while uipoib::runtime::control::request(&sock, "status").is_err() {
+        assert!(
+            std::time::Instant::now() < end,
+            "the fake daemon never came up"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let argv = cmdline(child.id());
+    assert_eq!(argv[0], exe.to_string_lossy());
+    assert_eq!(&argv[1..], &args[..]);
+    FakeDaemon {
+        child,
+        argv,
+        dir,
+        sock,
+    }
+}
+
+const KILL_SCENARIO: &str = r#"
+name = "kill"
+description = "the daemon killed and started again"
+
+[[step]]
+do = "kill"
+signal = "KILL"
+restart = true
+timeout_ms = TIMEOUT
+log = "${dir}/new.log"
+
+[[step]]
+do = "expect"
+within_ms = 3000
+new_daemon = true
+state = "running"
+ledger_balanced = true
+recovered_within_ms = 10000
+"#;
+
+/// Play [`KILL_SCENARIO`] with `uipoib fault run` against `d`: exit code, stdout and
+/// the JSON report.
+fn run_kill(d: &FakeDaemon, timeout_ms: u64) -> (Option<i32>, String, serde_json::Value) {
+    let file = d.dir.join("kill.toml");
+    std::fs::write(
+        &file,
+        KILL_SCENARIO.replace("TIMEOUT", &timeout_ms.to_string()),
+    )
+    .unwrap();
+    let json = d.dir.join("report.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_uipoib"))
+        .args(["fault", "run"])
+        .arg(&file)
+        .arg("--control")
+        .arg(&d.sock)
+        .arg("--var")
+        .arg(format!("dir={}", d.dir.display()))
+        .arg("--json")
+        .arg(&json)
+        .arg("--quiet")
+        .output()
+        .unwrap();
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap_or_default())
+            .unwrap_or(serde_json::Value::Null);
+    (out.status.code(), text(&out.stdout), report)
+}
+
+/// Stop what the run left: the daemon it started, and ours.
+fn cleanup(mut d: FakeDaemon, report: &serde_json::Value) {
+    if let Some(pid) = report["faults"][0]["daemon"]["new_pid"].as_u64() {
+        let _ = uipoib::runtime::sys::kill_process(pid as u32, libc::SIGKILL);
+    }
+    let _ = d.child.kill();
+    let _ = d.child.wait();
+    let _ = std::fs::remove_dir_all(&d.dir);
+}
+
+#[test]
+fn a_kill_step_kills_the_daemon_and_starts_it_again_as_it_was() {
+    // With a TAP when this may create one: the new daemon starts once it is gone.
+    let tap = format!("ukf{}", std::process::id() % 100_000);
+    let tap = std::path::Path::new("/dev/net/tun")
+        .exists()
+        .then_some(tap)
+        .filter(|_| uipoib::runtime::sys::euid() == 0);
+    let mut d = fake_daemon("ok", "serve", tap.as_deref());
+    if let Some(t) = &tap {
+        assert!(Path::new("/sys/class/net").join(t).exists(), "no TAP {t}");
+    }
+    let old = d.child.id();
+    let (code, stdout, r) = run_kill(&d, 10_000);
+    assert_eq!(code, Some(0), "{stdout}\n{r}");
+    assert_eq!(r["passed"], true, "{r}");
+    // The one the run killed is ours: it exited by SIGKILL.
+    let st = d.child.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&st),
+        Some(libc::SIGKILL)
+    );
+    let f = &r["faults"][0];
+    let dm = &f["daemon"];
+    assert_eq!(dm["old_pid"], old, "{dm}");
+    assert_eq!(dm["signal"], "KILL");
+    let new = dm["new_pid"].as_u64().expect("a new pid") as u32;
+    assert_ne!(new, old);
+    // The new daemon outlives the run, with the same command line and environment.
+    assert!(alive(new), "the new daemon is gone");
+    assert_eq!(cmdline(new), d.argv);
+    let argv: Vec<String> = dm["argv"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(argv, d.argv);
+    let env = std::fs::read(format!("/proc/{new}/environ")).unwrap();
+    let want = format!("{FAKE_SOCK}={}", d.sock.display());
+    assert!(
+        env.split(|c| *c == 0).any(|kv| kv == want.as_bytes()),
+        "the environment was not carried over"
+    );
+    assert_eq!(dm["log"], d.dir.join("new.log").display().to_string());
+    assert!(text(&std::fs::read(d.dir.join("new.log")).unwrap()).contains("serving"));
+    // The timing: signal, exit, start, up, in that order; the fake takes 300 ms to
+    // come up, and the record's recovery is the kill to up.
+    let t = |k: &str| dm[k].as_u64().unwrap_or_else(|| panic!("{k}: {dm}"));
+    assert!(t("killed_unix_ms") <= t("exited_unix_ms"), "{dm}");
+    assert!(t("exited_unix_ms") <= t("started_unix_ms"), "{dm}");
+    assert!(
+        t("started_unix_ms") + FAKE_START.as_millis() as u64 <= t("up_unix_ms"),
+        "{dm}"
+    );
+    let up = dm["up_ms"].as_f64().unwrap();
+    assert!(up >= FAKE_START.as_millis() as f64 && up < 10_000.0, "{dm}");
+    assert!(dm["exit_ms"].as_f64().unwrap() <= up, "{dm}");
+    if tap.is_some() {
+        let gone = dm["tap_gone_ms"].as_f64().expect("the TAP went");
+        assert!(
+            dm["exit_ms"].as_f64().unwrap() <= gone && gone <= up,
+            "{dm}"
+        );
+    } else {
+        assert!(dm["tap_gone_ms"].is_null(), "{dm}");
+    }
+    assert_eq!(f["recovery_ms"].as_f64(), Some(up), "{f}");
+    assert_eq!(f["injected_unix_ms"], dm["killed_unix_ms"], "{f}");
+    assert!(dm["error"].is_null(), "{dm}");
+    // Its expectations held, the new daemon's among them.
+    let what: Vec<&str> = f["expectations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["what"].as_str().unwrap())
+        .collect();
+    assert!(what.contains(&"a new daemon answers"), "{what:?}");
+    assert_eq!(r["at_rest"]["ledger_balanced"], true, "{r}");
+    assert_eq!(r["at_rest"]["ledger_residuals"]["recv"], 0, "{r}");
+    assert_eq!(f["ledger_residuals"]["send"], 0, "{f}");
+    cleanup(d, &r);
+}
+
+#[test]
+fn a_daemon_that_does_not_come_back_in_time_fails_the_step() {
+    let d = fake_daemon("hang", "hang", None);
+    let t0 = std::time::Instant::now();
+    let (code, stdout, r) = run_kill(&d, 1_500);
+    assert_eq!(code, Some(1), "{stdout}\n{r}");
+    let f = &r["faults"][0];
+    let step = &f["expectations"][0];
+    assert_eq!(step["ok"], false, "{step}");
+    let why = step["detail"].as_str().unwrap();
+    assert!(
+        why.contains("did not answer `running`") && why.contains("within 1500 ms"),
+        "{why}"
+    );
+    assert_eq!(f["daemon"]["error"].as_str(), Some(why));
+    assert!(
+        r["failures"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l.as_str().unwrap().contains("did not answer `running`")),
+        "{r}"
+    );
+    assert_eq!(f["daemon"]["up_unix_ms"], serde_json::Value::Null);
+    assert!(f["recovery_ms"].is_null(), "{f}");
+    // The run gave up on it after its timeout (and the checks at the end).
+    assert!(t0.elapsed() < Duration::from_secs(40));
+    cleanup(d, &r);
+}
+
+#[test]
+fn a_daemon_that_exits_at_once_fails_the_step_saying_so() {
+    let d = fake_daemon("exit", "exit", None);
+    let (code, stdout, r) = run_kill(&d, 10_000);
+    assert_eq!(code, Some(1), "{stdout}\n{r}");
+    let why = r["faults"][0]["daemon"]["error"].as_str().unwrap_or("");
+    assert!(
+        why.contains("exited (exit status: 3) before it answered"),
+        "{why}"
+    );
+    cleanup(d, &r);
+}

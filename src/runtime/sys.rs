@@ -1,6 +1,7 @@
-//! The process-level system calls the runtime makes: a signal to a child's process group,
-//! and what the control socket needs (the effective uid, a peer's uid, the umask). Like
-//! the verbs FFI, this module is allowed `unsafe`; every block says why it holds.
+//! The process-level system calls the runtime makes: a signal to a child's process group
+//! (or to one process), and what the control socket needs (the effective uid, a peer's
+//! uid or pid, the umask). Like the verbs FFI, this module is allowed `unsafe`; every
+//! block says why it holds.
 #![allow(unsafe_code)]
 
 use std::io;
@@ -14,6 +15,19 @@ pub fn kill_group(pgid: u32, signal: libc::c_int) -> io::Result<()> {
         .filter(|p| *p > 0)
         .map(|p| -p)
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "pgid out of range"))?;
+    kill(pid, signal)
+}
+
+/// Send `signal` to the one process `pid`.
+pub fn kill_process(pid: u32, signal: libc::c_int) -> io::Result<()> {
+    let pid = libc::pid_t::try_from(pid)
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
+    kill(pid, signal)
+}
+
+fn kill(pid: libc::pid_t, signal: libc::c_int) -> io::Result<()> {
     // SAFETY: kill(2) takes two integers and touches no memory of this process; a pid
     // that no longer exists gives ESRCH.
     let r = unsafe { libc::kill(pid, signal) };
@@ -32,6 +46,16 @@ pub fn euid() -> u32 {
 /// The user id of the process at the other end of a connected Unix stream socket, as
 /// the kernel recorded it at `connect` (`SO_PEERCRED`): the peer cannot forge it.
 pub fn peer_uid(fd: RawFd) -> io::Result<u32> {
+    peer_cred(fd).map(|c| c.uid)
+}
+
+/// The process id at the other end of a connected Unix stream socket (`SO_PEERCRED`):
+/// for a client, the process that called `listen` on the server's socket.
+pub fn peer_pid(fd: RawFd) -> io::Result<u32> {
+    peer_cred(fd).map(|c| c.pid as u32)
+}
+
+fn peer_cred(fd: RawFd) -> io::Result<libc::ucred> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -60,7 +84,7 @@ pub fn peer_uid(fd: RawFd) -> io::Result<u32> {
             format!("SO_PEERCRED returned {len} bytes"),
         ));
     }
-    Ok(cred.uid)
+    Ok(cred)
 }
 
 /// Set the process's file mode creation mask and return the previous one. The mask is

@@ -36,9 +36,79 @@
 //! it, plus an optional `label`), `clear`, `restart` (an operator restart), `exec` (a
 //! command, e.g. `rdma link delete ${device}`; with `fault = "NAME"` it opens a fault
 //! record of its own), `storm` (`count` faults spread over `duration_ms`, drawn with
-//! `seed` from the weighted `faults` table) and `expect` (see [`Expect`]). Every
-//! `inject`, `restart`, `storm` and fault-naming `exec` opens a *fault record*; an
-//! `expect` checks the record opened last.
+//! `seed` from the weighted `faults` table), `kill` (below) and `expect` (see
+//! [`Expect`]). Every `inject`, `restart`, `storm`, `kill` and fault-naming `exec` opens
+//! a *fault record*; an `expect` checks the record opened last.
+//!
+//! ## Killing the daemon
+//!
+//! ```toml
+//! [[step]]
+//! do = "kill"
+//! signal = "KILL"             # KILL, TERM, INT, QUIT, HUP or ABRT (SIG prefix allowed)
+//! restart = true              # required: the daemon is started again
+//! timeout_ms = 30000          # for the old one to exit, then for the new one (default 30 s)
+//! log = "${out}/uipoib.2.log" # the new daemon's stdout and stderr (default: a file in
+//!                             # the temporary directory named after the killed pid)
+//! ```
+//!
+//! The daemon is the process listening on the control socket (a client's `SO_PEERCRED`
+//! names it). Its command line, environment and working directory are read from
+//! `/proc/PID`; it gets the signal; once it has exited (gone, or a zombie) and its TAP
+//! has gone (when it is in the runner's network namespace) the same command line is
+//! started in the same directory with the same environment, detached (stdin from
+//! /dev/null, a process group of its own: it outlives the runner; it runs in the
+//! runner's namespaces, so the runner belongs where the daemon ran). The step
+//! waits until the new pid answers `running` on the control socket (the daemon serves
+//! it only once its interface is up). It fails, saying which, if the daemon cannot be
+//! found, does not exit within `timeout_ms`, the new one exits first, or does not
+//! answer `running` within `timeout_ms`; the failure is the record's first
+//! expectation, and the run goes on.
+//!
+//! A kill's record starts fresh, because the new daemon's counters, restart history and
+//! fault switch do: its start counters are zeros and every restart of the new daemon
+//! counts as one since the fault (a fresh daemon has none: `restarts = 0` holds). The
+//! injection time is the signal's; there is no detection (`detected_within_ms` is
+//! refused after a kill); `recovered_within_ms` bounds the time from the signal to the
+//! new daemon's interface up (its `interface up` log line, or else its first `running`
+//! answer); `resumed_within_ms` counts from the signal to data moving through the new
+//! daemon; `ledger_balanced` wants the new daemon's counters to balance; `new_daemon =
+//! true` wants the process answering to be the one started (another pid, the same
+//! command line). Counter samples carry the daemon they came from, so that no rate or
+//! resumption is computed across the two daemons' counters.
+//!
+//! ## The report (`--json FILE`)
+//!
+//! One object ([`Report`]); the checks each field serves are computed here only, and
+//! the lab's reports read them rather than computing them again:
+//! - `passed`, `failures` (one line each), `checks` (the run as a whole);
+//! - `at_rest`: `state`, `ledger_residuals` {`recv`, `send`}, `ledger_balanced`: the
+//!   daemon after the load stopped (waited for up to 10 s);
+//! - `iperf3` (when the load printed iperf3 interval lines): `intervals`,
+//!   `baseline_bytes` (median interval before the first fault, the first interval left
+//!   out), `zero_limit_bytes` (1% of it: below, an interval is ~0 bytes),
+//!   `longest_gap_outside_faults_ms` and `_at_ms` (from the first interval);
+//! - `traffic`: `command`, `running_at_end`, `exit`, `tail`;
+//! - `faults[]`, one per record ([`FaultReport`]): `index`, `iteration`, `line`,
+//!   `fault`, `label`; `injected_unix_ms`, `detected_unix_ms`, `resumed_unix_ms`,
+//!   `detect_ms`, `resume_ms` (from the injection); `recovery_ms` (the slowest restart's
+//!   detection to running, or a kill's signal to interface up); `restarts`, `causes`,
+//!   `wr_reaped`, `sends_reaped`, `flushed`, `failed_attempts` (summed over the
+//!   restarts); `fired`, `storm`, `drops`, `stale_completions`; `ledger_balanced`
+//!   (every restart's ledger balanced and a live reading did) and `ledger_residuals`
+//!   {`recv`, `send`} (the last live reading); `throughput_mbps` and `iperf3_mbps`
+//!   {`before`, `during`, `after`}; `iperf3` ([`Iperf3Window`]: `window_ms`,
+//!   `gap_ms`, `gap_from_ms`, `gap_to_ms`, `back_ms`, `min_pct`, `bytes_after`,
+//!   `intervals_after`, `mbps_after`, offsets from the injection); for a kill, `daemon`
+//!   ([`DaemonRestart`]: `signal`, `old_pid`, `new_pid`, `argv`, `cwd`, `log`,
+//!   `killed_unix_ms`, `exited_unix_ms`, `started_unix_ms`, `up_unix_ms`,
+//!   `log_up_unix_ms`, `exit_ms`, `tap_gone_ms`, `up_ms`, `log_up_ms`, `error`); `expectations[]`
+//!   {`what`, `ok`, `detail`} and `passed`.
+//!
+//! The ledger's residuals are posted - completed - flushed - reaped - outstanding per
+//! ring, from `uipoib stats`; both 0 is a balanced ledger. The iperf3 figures come from
+//! the load's own interval lines (the sender's, unless the load runs `iperf3 -R`), each
+//! placed on the wall clock from when it was read.
 //!
 //! Loading refuses anything it does not understand and says where: the file, the line
 //! and the field that is wrong (an unknown step or key, a value of the wrong type or out
@@ -46,21 +116,29 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
-use serde_json::{Map, Value};
-use toml::Spanned;
+use crate::verbs::fault::FaultSpec;
 
-use crate::iface::stats::{DropReason, Snapshot};
-use crate::verbs::fault::{FaultKind, FaultSpec};
-
+mod expect;
+mod fields;
+mod gaps;
+mod kill;
+mod parse;
+mod record;
 mod report;
 mod run;
+mod steps;
+mod traffic;
 
-pub use report::{FaultReport, Outcome, Report, Throughput};
+pub use parse::{counter_names, substitute};
+pub use report::{
+    AtRest, DaemonRestart, FaultReport, Iperf3Session, Iperf3Window, Outcome, Report, Residuals,
+    Throughput, TrafficReport,
+};
 pub use run::{RunError, Runner};
+pub use traffic::iperf3_interval_mbps;
 
 /// Longest a scenario may repeat itself.
 pub const MAX_REPEAT: u64 = 1000;
@@ -120,25 +198,25 @@ pub struct Scenario {
 #[derive(Debug, Clone)]
 pub struct Traffic {
     /// The command.
-    pub command: Command,
+    pub command: Program,
     /// How long to wait for the load to move data before the first step (ms).
     pub warmup: Duration,
 }
 
 /// A command to run: a program and its arguments, or a shell line.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Command {
+pub enum Program {
     /// Run directly.
     Argv(Vec<String>),
     /// Run with `sh -c`.
     Shell(String),
 }
 
-impl fmt::Display for Command {
+impl fmt::Display for Program {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Command::Argv(a) => write!(f, "{}", a.join(" ")),
-            Command::Shell(s) => write!(f, "{s}"),
+            Program::Argv(a) => write!(f, "{}", a.join(" ")),
+            Program::Shell(s) => write!(f, "{s}"),
         }
     }
 }
@@ -174,7 +252,7 @@ pub enum Action {
     /// Run a command.
     Exec {
         /// The command.
-        command: Command,
+        command: Program,
         /// Killed (and failed) after this long.
         timeout: Duration,
         /// When set, the command is a fault of this name (it opens a record).
@@ -186,6 +264,8 @@ pub enum Action {
     },
     /// Many faults, spread over a time.
     Storm(Storm),
+    /// Kill the daemon with a signal and start it again the way it was started.
+    Kill(Kill),
     /// Check the newest fault record.
     Expect(Box<Expect>),
 }
@@ -206,6 +286,35 @@ pub struct Storm {
     pub label: String,
 }
 
+/// A `kill` step: the daemon behind the control socket gets `signal`; once it has
+/// exited, it is started again with the command line, environment and working
+/// directory it had, its output going to `log`.
+#[derive(Debug, Clone)]
+pub struct Kill {
+    /// The signal's number (`libc::SIGKILL`, ...).
+    pub signal: i32,
+    /// Its name without `SIG` (`KILL`), for the report.
+    pub signal_name: String,
+    /// How long the old daemon may take to exit, and then the new one to answer
+    /// `running` on the control socket (each).
+    pub timeout: Duration,
+    /// Where the new daemon's stdout and stderr go; `None`: a file in the temporary
+    /// directory named after the killed pid.
+    pub log: Option<PathBuf>,
+    /// The report's name for it.
+    pub label: String,
+}
+
+/// The signals a `kill` step may send, by name.
+pub const SIGNALS: [(&str, i32); 6] = [
+    ("KILL", libc::SIGKILL),
+    ("TERM", libc::SIGTERM),
+    ("INT", libc::SIGINT),
+    ("QUIT", libc::SIGQUIT),
+    ("HUP", libc::SIGHUP),
+    ("ABRT", libc::SIGABRT),
+];
+
 /// What an `expect` step checks, against the newest fault record. Conditions that take
 /// time (`state`, `restarts`, `traffic_running`, ...) are waited for up to `within`.
 #[derive(Debug, Clone, Default)]
@@ -220,6 +329,9 @@ pub struct Expect {
     pub restarts_at_least: Option<u64>,
     /// Every restart since the fault has one of these causes.
     pub cause: Option<Vec<String>>,
+    /// The restarts since the fault failed to open the device at least this many times
+    /// in all (the device was away meanwhile).
+    pub failed_attempts_at_least: Option<u64>,
     /// Every restart since the fault recovered within this (ms).
     pub recovered_within_ms: Option<f64>,
     /// The fault was detected within this of its injection (ms).
@@ -242,739 +354,16 @@ pub struct Expect {
     /// fraction of its rate in the window before the fault (waited for up to `within`):
     /// what a user sees, not only that some data moved.
     pub rate_restored: Option<f64>,
+    /// After a `kill`: a new daemon (another pid, the same command line) answers on the
+    /// control socket.
+    pub new_daemon: Option<bool>,
+    /// The load's iperf3 intervals after the fault's longest ~0-byte stretch hold bytes
+    /// (checked when the load has stopped, since later intervals count).
+    pub iperf3_resumed: Option<bool>,
 }
 
 /// The trailing window over which `rate_restored` measures the rate now.
 pub const RATE_RESTORED_WINDOW: Duration = Duration::from_secs(2);
-
-impl Scenario {
-    /// Load and check `path`, with `overrides` replacing the file's variables.
-    pub fn load(path: &Path, overrides: &BTreeMap<String, String>) -> Result<Self, ScenarioError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
-            file: path.to_owned(),
-            line: 0,
-            field: String::new(),
-            why: format!("cannot read: {e}"),
-        })?;
-        Self::parse(path, &text, overrides)
-    }
-
-    /// Check `text` as the scenario file `path`.
-    pub fn parse(
-        path: &Path,
-        text: &str,
-        overrides: &BTreeMap<String, String>,
-    ) -> Result<Self, ScenarioError> {
-        let p = Parser { path, text };
-        let raw: RawScenario = toml::from_str(text).map_err(|e| ScenarioError {
-            file: path.to_owned(),
-            line: e.span().map_or(0, |s| p.line(s.start)),
-            field: String::new(),
-            why: e.message().trim().to_string(),
-        })?;
-        p.scenario(raw, overrides)
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawScenario {
-    name: Option<Spanned<String>>,
-    description: Option<String>,
-    repeat: Option<Spanned<i64>>,
-    #[serde(default)]
-    vars: BTreeMap<String, Spanned<toml::Value>>,
-    traffic: Option<Spanned<RawTable>>,
-    #[serde(default)]
-    step: Vec<Spanned<RawTable>>,
-}
-
-type RawTable = BTreeMap<String, Spanned<toml::Value>>;
-
-struct Parser<'a> {
-    path: &'a Path,
-    text: &'a str,
-}
-
-/// The keys each step takes besides `do`.
-const STEP_KEYS: [(&str, &[&str]); 7] = [
-    ("wait", &["ms"]),
-    ("inject", &["label"]), // plus the fault's own fields
-    ("clear", &[]),
-    ("restart", &["label"]),
-    (
-        "exec",
-        &["command", "timeout_ms", "fault", "within_ms", "may_fail"],
-    ),
-    (
-        "storm",
-        &["count", "duration_ms", "seed", "faults", "label"],
-    ),
-    (
-        "expect",
-        &[
-            "within_ms",
-            "state",
-            "restarts",
-            "restarts_at_least",
-            "cause",
-            "recovered_within_ms",
-            "detected_within_ms",
-            "resumed_within_ms",
-            "ledger_balanced",
-            "no_stale_completions",
-            "drops_only",
-            "rising",
-            "fired",
-            "traffic_running",
-            "rate_restored",
-        ],
-    ),
-];
-
-/// States the supervisor reports.
-const STATES: [&str; 6] = [
-    "running",
-    "restarting",
-    "waiting-for-device",
-    "dead",
-    "stopping",
-    "stopped",
-];
-
-/// Restart causes the supervisor records.
-const CAUSES: [&str; 10] = [
-    "poll-failed",
-    "verbs-error",
-    "device-removed",
-    "device-fatal",
-    "async-fatal",
-    "poller-io",
-    "tx-stall",
-    "operator",
-    "qp-error",
-    "revived",
-];
-
-impl Parser<'_> {
-    fn line(&self, offset: usize) -> usize {
-        let end = offset.min(self.text.len());
-        self.text.as_bytes()[..end]
-            .iter()
-            .filter(|b| **b == b'\n')
-            .count()
-            + 1
-    }
-
-    fn err(&self, span: std::ops::Range<usize>, field: String, why: String) -> ScenarioError {
-        ScenarioError {
-            file: self.path.to_owned(),
-            line: self.line(span.start),
-            field,
-            why,
-        }
-    }
-
-    fn scenario(
-        &self,
-        raw: RawScenario,
-        overrides: &BTreeMap<String, String>,
-    ) -> Result<Scenario, ScenarioError> {
-        let name = match &raw.name {
-            Some(n) if n.get_ref().trim().is_empty() => {
-                return Err(self.err(n.span(), "name".into(), "must not be empty".into()));
-            }
-            Some(n) => n.get_ref().clone(),
-            None => self
-                .path
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "scenario".into()),
-        };
-        let repeat = match &raw.repeat {
-            None => 1,
-            Some(r) => match u64::try_from(*r.get_ref()) {
-                Ok(n) if (1..=MAX_REPEAT).contains(&n) => n,
-                _ => {
-                    return Err(self.err(
-                        r.span(),
-                        "repeat".into(),
-                        format!("must be 1..={MAX_REPEAT}, not {}", r.get_ref()),
-                    ));
-                }
-            },
-        };
-        let mut vars = BTreeMap::new();
-        for (k, v) in &raw.vars {
-            let s = match v.get_ref() {
-                toml::Value::String(s) => s.clone(),
-                toml::Value::Integer(i) => i.to_string(),
-                toml::Value::Float(f) => f.to_string(),
-                toml::Value::Boolean(b) => b.to_string(),
-                other => {
-                    return Err(self.err(
-                        v.span(),
-                        format!("vars.{k}"),
-                        format!("must be a string or a number, not {}", other.type_str()),
-                    ));
-                }
-            };
-            vars.insert(k.clone(), s);
-        }
-        for (k, v) in overrides {
-            vars.insert(k.clone(), v.clone());
-        }
-        let traffic = match &raw.traffic {
-            None => None,
-            Some(t) => Some(self.traffic(t, &vars)?),
-        };
-        if raw.step.is_empty() {
-            return Err(ScenarioError {
-                file: self.path.to_owned(),
-                line: 0,
-                field: "step".into(),
-                why: "no steps: add at least one [[step]]".into(),
-            });
-        }
-        let mut steps = Vec::with_capacity(raw.step.len());
-        let mut opened = false;
-        for (i, s) in raw.step.iter().enumerate() {
-            let step = self.step(i + 1, s, &vars)?;
-            match &step.action {
-                Action::Inject { .. }
-                | Action::Restart { .. }
-                | Action::Storm(_)
-                | Action::Exec { fault: Some(_), .. } => opened = true,
-                Action::Expect(_) if !opened => {
-                    return Err(self.err(
-                        s.span(),
-                        format!("step[{}]", i + 1),
-                        "an expect needs a fault before it (inject, restart, storm, or exec with fault = ...)".into(),
-                    ));
-                }
-                _ => {}
-            }
-            steps.push(step);
-        }
-        if traffic.is_none()
-            && let Some(s) = steps
-                .iter()
-                .find(|s| matches!(&s.action, Action::Expect(e) if e.traffic_running.is_some() || e.rate_restored.is_some()))
-        {
-            let field = match &s.action {
-                Action::Expect(e) if e.traffic_running.is_none() => "rate_restored",
-                _ => "traffic_running",
-            };
-            return Err(ScenarioError {
-                file: self.path.to_owned(),
-                line: s.line,
-                field: field.into(),
-                why: "needs a [traffic] section (the load it measures)".into(),
-            });
-        }
-        Ok(Scenario {
-            name,
-            description: raw.description.unwrap_or_default(),
-            file: self.path.to_owned(),
-            repeat,
-            vars,
-            traffic,
-            steps,
-        })
-    }
-
-    fn traffic(
-        &self,
-        t: &Spanned<RawTable>,
-        vars: &BTreeMap<String, String>,
-    ) -> Result<Traffic, ScenarioError> {
-        let f = Fields {
-            p: self,
-            table: t.get_ref(),
-            span: t.span(),
-            prefix: "traffic".into(),
-        };
-        f.only(&["command", "warmup_ms"])?;
-        let command = f
-            .command("command", vars)?
-            .ok_or_else(|| f.missing("command", "the load to run, e.g. an iperf3 client"))?;
-        let warmup = Duration::from_millis(f.ms("warmup_ms")?.unwrap_or(10_000));
-        Ok(Traffic { command, warmup })
-    }
-
-    fn step(
-        &self,
-        n: usize,
-        s: &Spanned<RawTable>,
-        vars: &BTreeMap<String, String>,
-    ) -> Result<Step, ScenarioError> {
-        let f = Fields {
-            p: self,
-            table: s.get_ref(),
-            span: s.span(),
-            prefix: format!("step[{n}]"),
-        };
-        let line = self.line(s.span().start);
-        let names = STEP_KEYS.map(|(k, _)| k).join(", ");
-        let what = f
-            .string("do")?
-            .ok_or_else(|| f.missing("do", &format!("what the step does: one of {names}")))?;
-        let Some((_, keys)) = STEP_KEYS.iter().find(|(k, _)| *k == what) else {
-            return Err(f.wrong("do", format!("unknown step {what:?}; known: {names}")));
-        };
-        let mut allowed: Vec<&str> = vec!["do"];
-        allowed.extend_from_slice(keys);
-        if what != "inject" {
-            f.only(&allowed)?;
-        }
-        let label = |default: &str| -> Result<String, ScenarioError> {
-            Ok(f.string("label")?.unwrap_or_else(|| default.to_string()))
-        };
-        let action = match what.as_str() {
-            "wait" => Action::Wait(Duration::from_millis(
-                f.ms("ms")?
-                    .ok_or_else(|| f.missing("ms", "how long to wait"))?,
-            )),
-            "clear" => Action::Clear,
-            "restart" => Action::Restart {
-                label: label("operator-restart")?,
-            },
-            "inject" => {
-                let spec = f.fault_spec(&["do", "label"], None)?;
-                Action::Inject {
-                    label: label(spec.kind().name())?,
-                    spec,
-                }
-            }
-            "exec" => {
-                let command = f
-                    .command("command", vars)?
-                    .ok_or_else(|| f.missing("command", "the command to run"))?;
-                Action::Exec {
-                    command,
-                    timeout: Duration::from_millis(f.ms("timeout_ms")?.unwrap_or(30_000)),
-                    fault: f.string("fault")?,
-                    within: f.ms("within_ms")?.map(Duration::from_millis),
-                    may_fail: f.bool("may_fail")?.unwrap_or(false),
-                }
-            }
-            "storm" => Action::Storm(f.storm(label("storm")?)?),
-            "expect" => Action::Expect(Box::new(f.expect()?)),
-            _ => unreachable!("checked against STEP_KEYS"),
-        };
-        Ok(Step { line, action })
-    }
-}
-
-/// The fields of one table, read with their lines.
-struct Fields<'a> {
-    p: &'a Parser<'a>,
-    table: &'a RawTable,
-    span: std::ops::Range<usize>,
-    prefix: String,
-}
-
-impl Fields<'_> {
-    fn name(&self, k: &str) -> String {
-        format!("{}.{k}", self.prefix)
-    }
-
-    fn wrong(&self, k: &str, why: String) -> ScenarioError {
-        let span = self
-            .table
-            .get(k)
-            .map_or_else(|| self.span.clone(), |v| v.span());
-        self.p.err(span, self.name(k), why)
-    }
-
-    fn missing(&self, k: &str, what: &str) -> ScenarioError {
-        self.p
-            .err(self.span.clone(), self.name(k), format!("missing: {what}"))
-    }
-
-    fn only(&self, allowed: &[&str]) -> Result<(), ScenarioError> {
-        for k in self.table.keys() {
-            if !allowed.contains(&k.as_str()) {
-                let known: Vec<&str> = allowed.iter().copied().filter(|a| *a != "do").collect();
-                return Err(self.wrong(
-                    k,
-                    format!(
-                        "unknown field; this takes {}",
-                        if known.is_empty() {
-                            "nothing else".to_string()
-                        } else {
-                            known.join(", ")
-                        }
-                    ),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    fn get(&self, k: &str) -> Option<&toml::Value> {
-        self.table.get(k).map(Spanned::get_ref)
-    }
-
-    fn string(&self, k: &str) -> Result<Option<String>, ScenarioError> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(toml::Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
-            Some(toml::Value::String(_)) => Err(self.wrong(k, "must not be empty".into())),
-            Some(v) => Err(self.wrong(k, format!("must be a string, not {}", v.type_str()))),
-        }
-    }
-
-    fn bool(&self, k: &str) -> Result<Option<bool>, ScenarioError> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(toml::Value::Boolean(b)) => Ok(Some(*b)),
-            Some(v) => Err(self.wrong(k, format!("must be true or false, not {}", v.type_str()))),
-        }
-    }
-
-    fn uint(&self, k: &str, max: u64) -> Result<Option<u64>, ScenarioError> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(toml::Value::Integer(i)) => match u64::try_from(*i) {
-                Ok(n) if n <= max => Ok(Some(n)),
-                _ => Err(self.wrong(k, format!("must be 0..={max}, not {i}"))),
-            },
-            Some(v) => Err(self.wrong(k, format!("must be a whole number, not {}", v.type_str()))),
-        }
-    }
-
-    /// A number in (0, 1].
-    fn fraction(&self, k: &str) -> Result<Option<f64>, ScenarioError> {
-        let v = match self.get(k) {
-            None => return Ok(None),
-            Some(toml::Value::Float(f)) => *f,
-            Some(toml::Value::Integer(i)) => *i as f64,
-            Some(v) => {
-                return Err(self.wrong(k, format!("must be a number, not {}", v.type_str())));
-            }
-        };
-        if v > 0.0 && v <= 1.0 {
-            Ok(Some(v))
-        } else {
-            Err(self.wrong(k, format!("must be a fraction in (0, 1], not {v}")))
-        }
-    }
-
-    fn ms(&self, k: &str) -> Result<Option<u64>, ScenarioError> {
-        self.uint(k, MAX_MS)
-    }
-
-    fn strings(&self, k: &str) -> Result<Option<Vec<String>>, ScenarioError> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(toml::Value::String(s)) => Ok(Some(vec![s.clone()])),
-            Some(toml::Value::Array(a)) => a
-                .iter()
-                .map(|v| match v {
-                    toml::Value::String(s) => Ok(s.clone()),
-                    other => Err(self.wrong(
-                        k,
-                        format!(
-                            "must be a list of strings, not one with a {}",
-                            other.type_str()
-                        ),
-                    )),
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map(Some),
-            Some(v) => Err(self.wrong(
-                k,
-                format!(
-                    "must be a string or a list of strings, not {}",
-                    v.type_str()
-                ),
-            )),
-        }
-    }
-
-    fn command(
-        &self,
-        k: &str,
-        vars: &BTreeMap<String, String>,
-    ) -> Result<Option<Command>, ScenarioError> {
-        let sub = |s: &str| substitute(s, vars).map_err(|why| self.wrong(k, why));
-        match self.get(k) {
-            None => Ok(None),
-            Some(toml::Value::String(s)) if !s.trim().is_empty() => {
-                Ok(Some(Command::Shell(sub(s)?)))
-            }
-            Some(toml::Value::Array(a)) if !a.is_empty() => {
-                let argv = a
-                    .iter()
-                    .map(|v| match v {
-                        toml::Value::String(s) => sub(s),
-                        other => Err(self.wrong(
-                            k,
-                            format!("arguments must be strings, not {}", other.type_str()),
-                        )),
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                Ok(Some(Command::Argv(argv)))
-            }
-            Some(v) => Err(self.wrong(
-                k,
-                format!(
-                    "must be a shell line or a non-empty list of arguments, not {}",
-                    if v.as_str().is_some() || v.as_array().is_some() {
-                        "an empty one"
-                    } else {
-                        v.type_str()
-                    }
-                ),
-            )),
-        }
-    }
-
-    /// A fault spec from this table's fields but `skip`; `kind` names the fault when the
-    /// table does not (a storm's mix).
-    fn fault_spec(&self, skip: &[&str], kind: Option<&str>) -> Result<FaultSpec, ScenarioError> {
-        let mut m = Map::new();
-        if let Some(kind) = kind {
-            m.insert("fault".into(), Value::String(kind.into()));
-        }
-        for (k, v) in self.table {
-            if skip.contains(&k.as_str()) {
-                continue;
-            }
-            if k == "cmd" || (kind.is_some() && k == "fault") {
-                return Err(self.wrong(k, "unknown field".into()));
-            }
-            let j = serde_json::to_value(v.get_ref()).map_err(|e| self.wrong(k, e.to_string()))?;
-            m.insert(k.clone(), j);
-        }
-        FaultSpec::from_map(&m).map_err(|e| {
-            let field = e.field.clone();
-            let why = e.why.clone();
-            if self.table.contains_key(&field) {
-                self.wrong(&field, why)
-            } else {
-                self.p.err(self.span.clone(), self.name(&field), why)
-            }
-        })
-    }
-
-    fn storm(&self, label: String) -> Result<Storm, ScenarioError> {
-        let count = self
-            .uint("count", MAX_STORM)?
-            .ok_or_else(|| self.missing("count", "how many faults"))?;
-        if count == 0 {
-            return Err(self.wrong("count", "must be at least 1".into()));
-        }
-        let duration = Duration::from_millis(
-            self.ms("duration_ms")?
-                .ok_or_else(|| self.missing("duration_ms", "over how long (ms)"))?,
-        );
-        let seed = self.uint("seed", u64::MAX)?.unwrap_or(1);
-        let Some(faults) = self.table.get("faults") else {
-            return Err(self.missing(
-                "faults",
-                "a table of fault = weight (or fault = { weight = N, options... })",
-            ));
-        };
-        let toml::Value::Table(t) = faults.get_ref() else {
-            return Err(self.wrong(
-                "faults",
-                format!("must be a table, not {}", faults.get_ref().type_str()),
-            ));
-        };
-        let mut mix = Vec::new();
-        for (kind, v) in t {
-            let field = format!("faults.{kind}");
-            let at = |why: String| self.p.err(faults.span(), self.name(&field), why);
-            if FaultKind::from_name(kind).is_none() {
-                return Err(at(format!(
-                    "unknown fault {kind:?}; known: {}",
-                    FaultKind::NAMES
-                )));
-            }
-            let (weight, opts) = match v {
-                toml::Value::Integer(w) => (*w, BTreeMap::new()),
-                toml::Value::Table(o) => {
-                    let w = match o.get("weight") {
-                        Some(toml::Value::Integer(w)) => *w,
-                        Some(other) => {
-                            return Err(at(format!(
-                                "weight must be a whole number, not {}",
-                                other.type_str()
-                            )));
-                        }
-                        None => 1,
-                    };
-                    let opts: RawTable = o
-                        .iter()
-                        .filter(|(k, _)| *k != "weight")
-                        .map(|(k, v)| (k.clone(), Spanned::new(faults.span(), v.clone())))
-                        .collect();
-                    (w, opts)
-                }
-                other => {
-                    return Err(at(format!(
-                        "must be a weight or a table, not {}",
-                        other.type_str()
-                    )));
-                }
-            };
-            if !(1..=1_000_000).contains(&weight) {
-                return Err(at(format!("weight must be 1..=1000000, not {weight}")));
-            }
-            let sub = Fields {
-                p: self.p,
-                table: &opts,
-                span: faults.span(),
-                prefix: self.name(&field),
-            };
-            let mut spec = sub.fault_spec(&[], Some(kind))?;
-            if !opts.contains_key("count") {
-                spec = spec.limit(1);
-            }
-            mix.push((spec, weight as u64));
-        }
-        if mix.is_empty() {
-            return Err(self.wrong("faults", "must name at least one fault".into()));
-        }
-        Ok(Storm {
-            count,
-            duration,
-            seed,
-            mix,
-            label,
-        })
-    }
-
-    fn expect(&self) -> Result<Expect, ScenarioError> {
-        let mut e = Expect {
-            within: Duration::from_millis(self.ms("within_ms")?.unwrap_or(10_000)),
-            ..Expect::default()
-        };
-        if let Some(s) = self.string("state")? {
-            if !STATES.contains(&s.as_str()) {
-                return Err(self.wrong(
-                    "state",
-                    format!("unknown state {s:?}; known: {}", STATES.join(", ")),
-                ));
-            }
-            e.state = Some(s);
-        }
-        e.restarts = self.uint("restarts", 1_000_000)?;
-        e.restarts_at_least = self.uint("restarts_at_least", 1_000_000)?;
-        if e.restarts.is_some() && e.restarts_at_least.is_some() {
-            return Err(self.wrong(
-                "restarts_at_least",
-                "give restarts or restarts_at_least, not both".into(),
-            ));
-        }
-        if let Some(c) = self.strings("cause")? {
-            if let Some(bad) = c.iter().find(|c| !CAUSES.contains(&c.as_str())) {
-                return Err(self.wrong(
-                    "cause",
-                    format!("unknown cause {bad:?}; known: {}", CAUSES.join(", ")),
-                ));
-            }
-            e.cause = Some(c);
-        }
-        e.recovered_within_ms = self.ms("recovered_within_ms")?.map(|n| n as f64);
-        e.detected_within_ms = self.ms("detected_within_ms")?;
-        e.resumed_within_ms = self.ms("resumed_within_ms")?;
-        e.ledger_balanced = self.bool("ledger_balanced")?;
-        e.no_stale_completions = self.bool("no_stale_completions")?;
-        if let Some(d) = self.strings("drops_only")? {
-            let names: Vec<&str> = DropReason::ALL.iter().map(|r| r.name()).collect();
-            if let Some(bad) = d.iter().find(|d| !names.contains(&d.as_str())) {
-                return Err(self.wrong(
-                    "drops_only",
-                    format!("unknown drop reason {bad:?}; known: {}", names.join(", ")),
-                ));
-            }
-            e.drops_only = Some(d);
-        }
-        if let Some(r) = self.strings("rising")? {
-            let known = counter_names();
-            if let Some(bad) = r.iter().find(|c| !known.contains(c)) {
-                return Err(self.wrong(
-                    "rising",
-                    format!(
-                        "unknown counter {bad:?}; give a `uipoib stats --json` counter or drops.REASON"
-                    ),
-                ));
-            }
-            e.rising = r;
-        }
-        e.fired = self.bool("fired")?;
-        e.traffic_running = self.bool("traffic_running")?;
-        e.rate_restored = self.fraction("rate_restored")?;
-        let checks = [
-            e.state.is_some(),
-            e.restarts.is_some(),
-            e.restarts_at_least.is_some(),
-            e.cause.is_some(),
-            e.recovered_within_ms.is_some(),
-            e.detected_within_ms.is_some(),
-            e.resumed_within_ms.is_some(),
-            e.ledger_balanced.is_some(),
-            e.no_stale_completions.is_some(),
-            e.drops_only.is_some(),
-            !e.rising.is_empty(),
-            e.fired.is_some(),
-            e.traffic_running.is_some(),
-            e.rate_restored.is_some(),
-        ];
-        if !checks.iter().any(|c| *c) {
-            return Err(self.p.err(
-                self.span.clone(),
-                self.prefix.clone(),
-                "an expect must check something (state, restarts, cause, ledger_balanced, ...)"
-                    .into(),
-            ));
-        }
-        Ok(e)
-    }
-}
-
-/// The counters an expectation may name: every field of `uipoib stats --json` and
-/// `drops.REASON`.
-pub fn counter_names() -> Vec<String> {
-    let mut names: Vec<String> = match serde_json::to_value(Snapshot::default()) {
-        Ok(Value::Object(m)) => m.keys().filter(|k| *k != "drops").cloned().collect(),
-        _ => Vec::new(),
-    };
-    names.extend(
-        DropReason::ALL
-            .iter()
-            .map(|r| format!("drops.{}", r.name())),
-    );
-    names
-}
-
-/// Replace every `${name}` in `s` with its variable; an undefined one is an error.
-pub fn substitute(s: &str, vars: &BTreeMap<String, String>) -> Result<String, String> {
-    let mut out = String::with_capacity(s.len());
-    let mut rest = s;
-    while let Some(i) = rest.find("${") {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + 2..];
-        let Some(j) = after.find('}') else {
-            return Err(format!("unclosed ${{ in {s:?}"));
-        };
-        let name = &after[..j];
-        match vars.get(name) {
-            Some(v) => out.push_str(v),
-            None => {
-                return Err(format!(
-                    "undefined variable ${{{name}}} (define it under [vars] or give --var {name}=VALUE)"
-                ));
-            }
-        }
-        rest = &after[j + 1..];
-    }
-    out.push_str(rest);
-    Ok(out)
-}
 
 #[cfg(test)]
 mod tests;

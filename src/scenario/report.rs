@@ -66,6 +66,10 @@ pub struct FaultReport {
     pub wr_reaped: u64,
     /// Of those, sends.
     pub sends_reaped: u64,
+    /// Work requests flushed at those restarts' teardowns.
+    pub flushed: u64,
+    /// Failed attempts to open the device during those restarts (a device away).
+    pub failed_attempts: u64,
     /// Times the armed faults hit.
     pub fired: u64,
     /// For a storm: faults injected by kind.
@@ -80,10 +84,128 @@ pub struct FaultReport {
     pub throughput_mbps: Throughput,
     /// What the iperf3 load reported for its intervals, when the load is iperf3.
     pub iperf3_mbps: Throughput,
+    /// The conservation law's residuals in the last live reading of the counters, per
+    /// ring: posted - completed - flushed - reaped - outstanding (0 when balanced).
+    pub ledger_residuals: Option<Residuals>,
+    /// For a `kill` step: the daemon killed and the one started in its place.
+    pub daemon: Option<DaemonRestart>,
+    /// The load's iperf3 intervals around the fault (when the load is iperf3).
+    pub iperf3: Option<Iperf3Window>,
     /// The expectations checked on it.
     pub expectations: Vec<Outcome>,
     /// Every expectation held.
     pub passed: bool,
+}
+
+/// The residuals of the work-request ledger, per ring: posted - completed - flushed -
+/// reaped - outstanding. Both 0 when the counters balance.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct Residuals {
+    /// The receive ring's.
+    pub recv: i64,
+    /// The send ring's.
+    pub send: i64,
+}
+
+impl Residuals {
+    /// Both rings balance.
+    pub fn balanced(&self) -> bool {
+        *self == Residuals::default()
+    }
+}
+
+/// A daemon killed by a `kill` step and the one started in its place. Times are ms
+/// since the Unix epoch; durations are ms from the signal.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct DaemonRestart {
+    /// The signal sent (`KILL`, `TERM`, ...).
+    pub signal: String,
+    /// The killed daemon (the process that listens on the control socket).
+    pub old_pid: Option<u32>,
+    /// The daemon started in its place.
+    pub new_pid: Option<u32>,
+    /// The command line both ran with.
+    pub argv: Vec<String>,
+    /// The working directory both ran in.
+    pub cwd: String,
+    /// Where the new daemon's output goes.
+    pub log: String,
+    /// When the signal was sent.
+    pub killed_unix_ms: Option<u64>,
+    /// When the old daemon was seen gone.
+    pub exited_unix_ms: Option<u64>,
+    /// When the new one was started.
+    pub started_unix_ms: Option<u64>,
+    /// When the new one first answered `running` on the control socket.
+    pub up_unix_ms: Option<u64>,
+    /// The time of the new daemon's `interface up` log line, when its log has one.
+    pub log_up_unix_ms: Option<u64>,
+    /// Signal to the old daemon gone.
+    pub exit_ms: Option<f64>,
+    /// Signal to the old daemon's TAP gone (when it was in the runner's network
+    /// namespace, and went within the step's timeout).
+    pub tap_gone_ms: Option<f64>,
+    /// Signal to the new daemon answering `running`.
+    pub up_ms: Option<f64>,
+    /// Signal to the new daemon's `interface up` log line.
+    pub log_up_ms: Option<f64>,
+    /// Why the step failed, when it did.
+    pub error: Option<String>,
+}
+
+/// The load's iperf3 intervals around one fault, from 1 s before its injection to the
+/// next fault (or the end of the load). Offsets are ms from the injection. An interval
+/// is ~0 bytes when it holds less than [`Iperf3Session::zero_limit_bytes`].
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Iperf3Window {
+    /// Where the window starts (-1000) and ends.
+    pub window_ms: [f64; 2],
+    /// The longest run of consecutive ~0-byte intervals (0 when none).
+    pub gap_ms: f64,
+    /// Where it starts.
+    pub gap_from_ms: Option<f64>,
+    /// Where it ends.
+    pub gap_to_ms: Option<f64>,
+    /// When the data came back: the end of that run, never before the injection (0
+    /// without a run).
+    pub back_ms: f64,
+    /// The lowest interval, in % of the steady median.
+    pub min_pct: Option<f64>,
+    /// Bytes in the intervals after the run, to the end of the window.
+    pub bytes_after: f64,
+    /// How many intervals that is.
+    pub intervals_after: usize,
+    /// Their rate (Mbit/s).
+    pub mbps_after: Option<f64>,
+}
+
+/// The load's iperf3 session as a whole.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Iperf3Session {
+    /// Interval lines read.
+    pub intervals: usize,
+    /// The steady median: bytes per interval before the first fault (the first
+    /// interval, TCP's slow start, left out).
+    pub baseline_bytes: Option<f64>,
+    /// Below this an interval counts as ~0 bytes: 1% of the baseline (64 KiB without
+    /// one).
+    pub zero_limit_bytes: f64,
+    /// The longest run of ~0-byte intervals outside every fault's window (at least
+    /// 500 ms; 0 when none): a stall of the test bed, for scale.
+    pub longest_gap_outside_faults_ms: f64,
+    /// Where it starts, in ms from the first interval.
+    pub longest_gap_outside_faults_at_ms: Option<f64>,
+}
+
+/// The daemon at the end of the run, after the load stopped.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct AtRest {
+    /// Its state.
+    pub state: String,
+    /// The ledger's residuals in the last reading (none if no reading worked).
+    pub ledger_residuals: Option<Residuals>,
+    /// Both residuals were 0 in one reading.
+    pub ledger_balanced: bool,
 }
 
 /// The background load.
@@ -128,6 +250,10 @@ pub struct Report {
     pub faults: Vec<FaultReport>,
     /// Checks of the run as a whole (the ledger at the end).
     pub checks: Vec<Outcome>,
+    /// The daemon at rest, after the load stopped.
+    pub at_rest: Option<AtRest>,
+    /// The load's iperf3 session, when the load is iperf3.
+    pub iperf3: Option<Iperf3Session>,
     /// The background load, if any.
     pub traffic: Option<TrafficReport>,
 }
@@ -221,6 +347,33 @@ impl Report {
                 let s: Vec<String> = f.storm.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 let _ = writeln!(t, "      storm: {} (fired {})", s.join(" "), f.fired);
             }
+            if let Some(d) = &f.daemon {
+                let _ = writeln!(
+                    t,
+                    "      daemon: SIG{} pid {} -> pid {}: gone after {} ms, running after {} ms, interface up after {} ms by its log ({})",
+                    d.signal,
+                    d.old_pid.map_or_else(|| "-".into(), |p| p.to_string()),
+                    d.new_pid.map_or_else(|| "-".into(), |p| p.to_string()),
+                    ms(d.exit_ms),
+                    ms(d.up_ms),
+                    ms(d.log_up_ms),
+                    d.log
+                );
+            }
+            if let Some(w) = &f.iperf3 {
+                let _ = writeln!(
+                    t,
+                    "      iperf3: longest ~0-byte stretch {:.1} s ({}..{} s from the fault), back at {:+.1} s, lowest interval {}% of steady, {:.1} MiB after",
+                    w.gap_ms / 1e3,
+                    w.gap_from_ms
+                        .map_or_else(|| "-".into(), |v| format!("{:+.1}", v / 1e3)),
+                    w.gap_to_ms
+                        .map_or_else(|| "-".into(), |v| format!("{:+.1}", v / 1e3)),
+                    w.back_ms / 1e3,
+                    ms(w.min_pct),
+                    w.bytes_after / (1024.0 * 1024.0)
+                );
+            }
             for o in &f.expectations {
                 let _ = writeln!(
                     t,
@@ -238,6 +391,16 @@ impl Report {
                 if o.ok { "ok  " } else { "FAIL" },
                 o.what,
                 o.detail
+            );
+        }
+        if let Some(s) = &self.iperf3 {
+            let _ = writeln!(
+                t,
+                "  iperf3: {} intervals, steady {} KiB each, longest ~0-byte stretch away from the faults {:.1} s",
+                s.intervals,
+                s.baseline_bytes
+                    .map_or_else(|| "-".into(), |b| format!("{:.0}", b / 1024.0)),
+                s.longest_gap_outside_faults_ms / 1e3
             );
         }
         if let Some(tr) = &self.traffic {

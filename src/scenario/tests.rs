@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::run::iperf3_interval_mbps;
+use super::traffic::iperf3_interval_mbps;
 use super::*;
 
 fn parse(text: &str) -> Result<Scenario, ScenarioError> {
@@ -67,7 +67,7 @@ fn a_good_file_loads_with_its_variables_substituted() {
     assert_eq!(s.steps.len(), 3);
     assert_eq!(s.steps[1].line, 13);
     let t = s.traffic.unwrap();
-    assert_eq!(t.command, Command::Shell("iperf3 -c 198.18.1.1".into()));
+    assert_eq!(t.command, Program::Shell("iperf3 -c 198.18.1.1".into()));
     let Action::Inject { spec, label } = &s.steps[1].action else {
         panic!("{:?}", s.steps[1]);
     };
@@ -82,7 +82,7 @@ fn a_variable_given_on_the_command_line_wins() {
     let s = Scenario::parse(Path::new("t.toml"), OK, &o).unwrap();
     assert_eq!(
         s.traffic.unwrap().command,
-        Command::Shell("iperf3 -c 198.18.9.9".into())
+        Program::Shell("iperf3 -c 198.18.9.9".into())
     );
 }
 
@@ -240,7 +240,7 @@ fn an_exec_takes_a_shell_line_or_arguments() {
     else {
         panic!()
     };
-    assert_eq!(*command, Command::Argv(vec!["true".into()]));
+    assert_eq!(*command, Program::Argv(vec!["true".into()]));
     assert_eq!(fault.as_deref(), Some("x"));
     assert_eq!(*within, Some(std::time::Duration::from_millis(5)));
     let e = err("[[step]]\ndo = \"exec\"\ncommand = []\n");
@@ -485,4 +485,148 @@ fn rate_restored_is_a_fraction_and_needs_traffic() {
     assert!(parse(&format!("{base}rate_restored = 0.8\n")).is_ok());
     let e = err("[[step]]\ndo = \"restart\"\n[[step]]\ndo = \"expect\"\nrate_restored = 0.5\n");
     assert_eq!(e.field, "rate_restored", "{e}");
+}
+
+#[test]
+fn a_kill_step_loads_with_its_signal_and_log() {
+    let mut o = BTreeMap::new();
+    o.insert("out".to_string(), "/tmp/lab".to_string());
+    let s = Scenario::parse(
+        Path::new("t.toml"),
+        "[[step]]\ndo = \"kill\"\nsignal = \"SIGKILL\"\nrestart = true\nlog = \"${out}/d.log\"\n[[step]]\ndo = \"expect\"\nnew_daemon = true\n",
+        &o,
+    )
+    .unwrap();
+    let Action::Kill(k) = &s.steps[0].action else {
+        panic!("{:?}", s.steps[0]);
+    };
+    assert_eq!((k.signal, k.signal_name.as_str()), (libc::SIGKILL, "KILL"));
+    assert_eq!(k.log.as_deref(), Some(Path::new("/tmp/lab/d.log")));
+    assert_eq!(k.timeout, std::time::Duration::from_millis(30_000));
+    assert_eq!(k.label, "kill-restart");
+    let s = parse("[[step]]\ndo = \"kill\"\nsignal = \"TERM\"\nrestart = true\ntimeout_ms = 5000\nlabel = \"k\"\n").unwrap();
+    let Action::Kill(k) = &s.steps[0].action else {
+        panic!()
+    };
+    assert_eq!(
+        (k.signal, k.timeout.as_millis(), k.label.as_str()),
+        (libc::SIGTERM, 5000, "k")
+    );
+}
+
+#[test]
+fn a_kill_step_names_what_is_wrong() {
+    let e = err("[[step]]\ndo = \"kill\"\nsignal = \"KIL\"\nrestart = true\n");
+    assert_eq!((e.line, e.field.as_str()), (3, "step[1].signal"), "{e}");
+    assert!(e.why.contains("unknown signal \"KIL\""), "{e}");
+    assert!(e.why.contains("KILL, TERM"), "{e}");
+    assert!(
+        e.to_string().starts_with("t.toml:3: step[1].signal: "),
+        "{e}"
+    );
+    let e = err("[[step]]\ndo = \"kill\"\nsignal = 9\nrestart = true\n");
+    assert_eq!((e.line, e.field.as_str()), (3, "step[1].signal"), "{e}");
+    assert!(e.why.contains("must be a string"), "{e}");
+    let e = err("\n[[step]]\ndo = \"kill\"\nrestart = true\n");
+    assert_eq!((e.line, e.field.as_str()), (2, "step[1].signal"), "{e}");
+    assert!(e.why.starts_with("missing"), "{e}");
+    let e = err("[[step]]\ndo = \"kill\"\nsignal = \"KILL\"\n");
+    assert_eq!((e.line, e.field.as_str()), (1, "step[1].restart"), "{e}");
+    assert!(e.why.starts_with("missing"), "{e}");
+    let e = err("[[step]]\ndo = \"kill\"\nsignal = \"KILL\"\nrestart = false\n");
+    assert_eq!((e.line, e.field.as_str()), (4, "step[1].restart"), "{e}");
+    assert!(e.why.contains("must be true"), "{e}");
+    let e = err("[[step]]\ndo = \"kill\"\nsignal = \"KILL\"\nrestart = true\nwait_ms = 3\n");
+    assert_eq!((e.line, e.field.as_str()), (5, "step[1].wait_ms"), "{e}");
+    assert!(e.why.contains("unknown field"), "{e}");
+    let e =
+        err("[[step]]\ndo = \"kill\"\nsignal = \"KILL\"\nrestart = true\nlog = \"${nope}/x\"\n");
+    assert_eq!((e.line, e.field.as_str()), (5, "step[1].log"), "{e}");
+    let e = err("[[step]]\ndo = \"kill\"\nsignal = \"KILL\"\nrestart = true\ntimeout_ms = -1\n");
+    assert_eq!((e.line, e.field.as_str()), (5, "step[1].timeout_ms"), "{e}");
+}
+
+#[test]
+fn kill_expectations_need_a_kill_and_fit_one() {
+    let e = err("[[step]]\ndo = \"restart\"\n[[step]]\ndo = \"expect\"\nnew_daemon = true\n");
+    assert_eq!((e.line, e.field.as_str()), (5, "step[2].new_daemon"), "{e}");
+    assert!(e.why.contains("needs a kill step"), "{e}");
+    let kill = "[[step]]\ndo = \"kill\"\nsignal = \"KILL\"\nrestart = true\n";
+    let e = err(&format!(
+        "{kill}[[step]]\ndo = \"expect\"\ndetected_within_ms = 100\n"
+    ));
+    assert_eq!(
+        (e.line, e.field.as_str()),
+        (7, "step[2].detected_within_ms"),
+        "{e}"
+    );
+    // An expect alone after a kill is fine; a fault after the kill is the newest.
+    parse(&format!(
+        "{kill}[[step]]\ndo = \"expect\"\nstate = \"running\"\n"
+    ))
+    .unwrap();
+    let e = err(&format!(
+        "{kill}[[step]]\ndo = \"restart\"\n[[step]]\ndo = \"expect\"\nnew_daemon = true\n"
+    ));
+    assert_eq!(e.field, "step[3].new_daemon", "{e}");
+    let e = err(&format!(
+        "{kill}[[step]]\ndo = \"expect\"\niperf3_resumed = true\n"
+    ));
+    assert_eq!(e.field, "iperf3_resumed", "{e}");
+    assert!(e.why.contains("[traffic]"), "{e}");
+}
+
+#[test]
+fn iperf3_lines_of_the_load_give_the_gap_figures_and_iperf3_resumed() {
+    // A load that prints a quarter-second iperf3 interval every quarter second.
+    let r = run_fake(
+        "iperf3-lines",
+        |sock| fake_daemon_moving(sock, usize::MAX, |ms| ms * 1000),
+        r#"
+name = "iperf3-lines"
+description = "iperf3 interval lines of the load are measured around the fault"
+
+[traffic]
+command = "s=0; while :; do e=$((s+25)); printf '[  5]   %d.%02d-%d.%02d   sec   256 KBytes  8.39 Mbits/sec    0   100 KBytes\n' $((s/100)) $((s%100)) $((e/100)) $((e%100)); s=$e; sleep 0.25; done"
+warmup_ms = 2000
+
+[[step]]
+do = "wait"
+ms = 1500
+
+[[step]]
+do = "exec"
+fault = "probe"
+command = ["true"]
+
+[[step]]
+do = "expect"
+within_ms = 1000
+iperf3_resumed = true
+
+[[step]]
+do = "wait"
+ms = 1500
+"#,
+    );
+    let s = r.iperf3.as_ref().expect("the session's figures");
+    assert!(s.intervals >= 8, "{s:?}");
+    assert_eq!(s.baseline_bytes, Some(256.0 * 1024.0), "{s:?}");
+    assert_eq!(s.longest_gap_outside_faults_ms, 0.0, "{s:?}");
+    let f = &r.faults[0];
+    let w = f.iperf3.as_ref().expect("the fault's window");
+    assert_eq!(w.gap_ms, 0.0, "{w:?}");
+    assert!(w.intervals_after >= 3 && w.bytes_after > 0.0, "{w:?}");
+    assert_eq!(w.min_pct, Some(100.0), "{w:?}");
+    let o = f
+        .expectations
+        .iter()
+        .find(|o| o.what == "iperf3 moved data after the fault")
+        .expect("the deferred check");
+    assert!(o.ok, "{o:?}");
+    assert!(r.passed, "{:?}", r.failures);
+    assert!(
+        r.at_rest.as_ref().is_some_and(|a| a.ledger_balanced),
+        "{r:?}"
+    );
 }
