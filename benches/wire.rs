@@ -21,8 +21,8 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use uipoib::verbs::{GRH_LEN, Gid, GrhKind};
 use uipoib::wire::arp::{self, EthArp, IpoibArp};
 use uipoib::wire::eth::{self, EthHeader, Mac, mac_for_gid};
-use uipoib::wire::gso::{self, Coalescer, FrameSink, VNET_HDR_LEN, VnetHdr};
 use uipoib::wire::ipoib::{self, IpoibAddr};
+use uipoib::wire::offload::{self, Coalescer, FrameSink, VNET_HDR_LEN, VnetHdr};
 use uipoib::wire::{ETHERTYPE_IPV4, grh, ipv4};
 
 fn ip_packet(len: usize) -> Vec<u8> {
@@ -193,8 +193,8 @@ fn bench_gso(c: &mut Criterion) {
     let mss = 4052u16;
     let frame = tcp_super_frame(usize::from(mss) * 16);
     let hdr = VnetHdr {
-        flags: gso::F_NEEDS_CSUM,
-        gso_type: gso::GSO_TCPV4,
+        flags: offload::F_NEEDS_CSUM,
+        gso_type: offload::GSO_TCPV4,
         hdr_len: 54,
         gso_size: mss,
         csum_start: 34,
@@ -203,18 +203,18 @@ fn bench_gso(c: &mut Criterion) {
     let mut out = vec![0u8; 4200];
     g.bench_function("gso_segment", |b| {
         b.iter(|| {
-            let p = gso::plan(black_box(&frame), &hdr).unwrap();
+            let p = offload::plan(black_box(&frame), &hdr).unwrap();
             let mut n = 0;
             for i in 0..p.segments {
-                n += gso::segment(&frame, &p, i, &mut out).unwrap();
+                n += offload::segment(&frame, &p, i, &mut out).unwrap();
             }
             n
         })
     });
-    let p = gso::plan(&frame, &hdr).unwrap();
+    let p = offload::plan(&frame, &hdr).unwrap();
     let segs: Vec<Vec<u8>> = (0..p.segments)
         .map(|i| {
-            let n = gso::segment(&frame, &p, i, &mut out).unwrap();
+            let n = offload::segment(&frame, &p, i, &mut out).unwrap();
             out[..n].to_vec()
         })
         .collect();

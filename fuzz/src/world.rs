@@ -22,7 +22,7 @@ use uipoib::verbs::{
 };
 use uipoib::wire::arp::{self, EthArp, IpoibArp};
 use uipoib::wire::eth::{self, Mac, mac_for_gid};
-use uipoib::wire::gso::{GSO_ECN, GSO_TCPV4, VNET_HDR_LEN};
+use uipoib::wire::offload::{GSO_ECN, GSO_TCPV4, VNET_HDR_LEN};
 use uipoib::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ipoib};
 
 use crate::checks::check_coalesced;
@@ -248,7 +248,7 @@ fn as_read(tap: &TapDouble, frame: &[u8]) -> Vec<u8> {
 pub fn read_for(offload: bool, frame: &[u8]) -> Vec<u8> {
     let mut r = Vec::new();
     if offload {
-        r.extend_from_slice(&[0; uipoib::wire::gso::VNET_HDR_LEN]);
+        r.extend_from_slice(&[0; uipoib::wire::offload::VNET_HDR_LEN]);
     }
     r.extend_from_slice(frame);
     r
