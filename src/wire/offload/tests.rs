@@ -322,6 +322,157 @@ fn a_failed_write_reports_every_frame_in_it() {
     assert_eq!(lost.frames, 1);
 }
 
+/// One TAP read into `s`: `hdr` and `frame`.
+fn read_into(s: &mut Segmenter, hdr: &VnetHdr, frame: &[u8]) -> usize {
+    let mut h = [0u8; VNET_HDR_LEN];
+    hdr.emit(&mut h);
+    let b = s.read_buf();
+    b[..VNET_HDR_LEN].copy_from_slice(&h);
+    b[VNET_HDR_LEN..VNET_HDR_LEN + frame.len()].copy_from_slice(frame);
+    VNET_HDR_LEN + frame.len()
+}
+
+#[test]
+fn the_segmenter_hands_out_a_super_frame_one_segment_per_call() {
+    let f = tcp_frame(&[7u8; 5000], 0x18, 0);
+    let want = plan(&f, &tso(2000)).unwrap();
+    let mut s = Segmenter::new();
+    let mut out = vec![0u8; 2100];
+    assert!(!s.pending());
+    assert_eq!(s.next_segment(&mut out), None, "nothing read yet");
+    let n = read_into(&mut s, &tso(2000), &f);
+    let Taken::Cut { plan: p, first } = s.take(n, &mut out).unwrap() else {
+        panic!("a TSO read is cut");
+    };
+    assert_eq!(p, want);
+    assert_eq!(s.super_frame(), &f[..]);
+    let mut got = vec![out[..first.unwrap()].to_vec()];
+    while s.pending() {
+        let (pp, i, r) = s.next_segment(&mut out).unwrap();
+        assert_eq!((pp, i), (want, got.len()));
+        got.push(out[..r.unwrap()].to_vec());
+    }
+    assert_eq!(s.next_segment(&mut out), None);
+    let mut cut = vec![0u8; 2100];
+    let each: Vec<Vec<u8>> = (0..want.segments)
+        .map(|i| {
+            let n = segment(&f, &want, i, &mut cut).unwrap();
+            cut[..n].to_vec()
+        })
+        .collect();
+    assert_eq!(got, each, "the segments `segment` cuts, in order");
+}
+
+#[test]
+fn the_segmenter_passes_a_plain_frame_and_completes_its_checksum() {
+    let f = tcp_frame(&[3u8; 100], 0x18, 0);
+    let mut s = Segmenter::new();
+    let mut out = vec![0u8; 1600];
+    let plain = VnetHdr::default();
+    let n = read_into(&mut s, &plain, &f);
+    assert_eq!(s.take(n, &mut out), Ok(Taken::Frame(f.len())));
+    assert_eq!(&out[..f.len()], &f[..]);
+    assert!(!s.pending());
+    let partial = VnetHdr {
+        flags: F_NEEDS_CSUM,
+        csum_start: 34,
+        csum_offset: 16,
+        ..VnetHdr::default()
+    };
+    let mut g = f.clone();
+    let ps = fold(sum(&g[26..34], u64::from(TCP) + (g.len() - 34) as u64));
+    g[50..52].copy_from_slice(&ps.to_be_bytes());
+    let n = read_into(&mut s, &partial, &g);
+    assert_eq!(s.take(n, &mut out), Ok(Taken::Frame(g.len())));
+    assert!(tcp_ok(&out[..g.len()]));
+}
+
+#[test]
+fn the_segmenter_refuses_what_it_cannot_carry_and_holds_nothing() {
+    let f = tcp_frame(&[1u8; 3000], 0x10, 0);
+    let mut s = Segmenter::new();
+    let mut out = vec![0u8; 1600];
+    // (case, header, frame, room, error)
+    let udp = VnetHdr {
+        gso_type: 3,
+        ..tso(1000)
+    };
+    let far = VnetHdr {
+        flags: F_NEEDS_CSUM,
+        csum_start: 60_000,
+        csum_offset: 6,
+        ..VnetHdr::default()
+    };
+    assert_eq!(
+        s.take(4, &mut out),
+        Err(WireError::Truncated {
+            what: "virtio_net_hdr",
+            need: VNET_HDR_LEN,
+            got: 4
+        })
+    );
+    let n = read_into(&mut s, &udp, &f);
+    assert_eq!(
+        s.take(n, &mut out),
+        Err(WireError::BadOffload(
+            "a segmentation type other than TCP/IPv4"
+        ))
+    );
+    let n = read_into(&mut s, &far, &f);
+    assert!(s.take(n, &mut out).is_err());
+    let n = read_into(&mut s, &VnetHdr::default(), &f);
+    assert_eq!(s.take(n, &mut out), Err(WireError::FrameTooLong(f.len())));
+    assert!(!s.pending());
+    // A first segment that does not fit ends the super-frame: nothing more comes.
+    let n = read_into(&mut s, &tso(1400), &f);
+    let Ok(Taken::Cut { first, .. }) = s.take(n, &mut out[..100]) else {
+        panic!("planned");
+    };
+    assert!(first.is_err());
+    assert!(!s.pending());
+    assert_eq!(s.next_segment(&mut out), None);
+}
+
+#[test]
+fn the_joiner_reports_what_it_lost_and_joined_since_the_last_flush() {
+    let segs = segments(&[5u8; 6000], 2000, 0x10);
+    let mut j = Joiner::new();
+    let mut rec = Rec::default();
+    for s in &segs {
+        j.push(s, &mut rec).unwrap();
+    }
+    assert_eq!(
+        j.flush(&mut rec),
+        Flushed {
+            lost: 0,
+            joined: (1, 3)
+        }
+    );
+    assert_eq!(j.flush(&mut rec), Flushed::default(), "only what is new");
+    for s in &segs {
+        j.push(s, &mut rec).unwrap();
+    }
+    rec.fail = true;
+    assert_eq!(
+        j.flush(&mut rec),
+        Flushed {
+            lost: 3,
+            joined: (0, 0)
+        }
+    );
+    assert!(j.push(&[0u8; 60], &mut rec).is_err());
+    assert!(j.push(&[0u8; 60], &mut rec).is_err());
+    assert_eq!(
+        j.flush(&mut rec),
+        Flushed {
+            lost: 2,
+            joined: (0, 0)
+        }
+    );
+    assert_eq!(j.coalesced(), (1, 3));
+    assert_eq!(j.flush(&mut rec).lost, 0, "reported once");
+}
+
 proptest! {
     #[test]
     fn segments_rebuild_the_stream(
