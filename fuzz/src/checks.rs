@@ -1,7 +1,7 @@
 //! Checks of the offload codecs that more than one target uses.
 
-use uipoib::wire::offload::{self, GSO_TCPV4, Plan, VNET_HDR_LEN, VnetHdr};
 use uipoib::wire::ipv4::{self, fold, ones_sum};
+use uipoib::wire::offload::{self, GSO_TCPV4, Plan, VNET_HDR_LEN, VnetHdr};
 
 const ETH: usize = 14;
 /// Offset of the IPv4 identification field in a frame.

@@ -6,9 +6,9 @@ use std::net::Ipv4Addr;
 use uipoib::verbs::Gid;
 use uipoib::wire::arp::{self, EthArp, IpoibArp};
 use uipoib::wire::eth::{self, EthHeader, Mac};
-use uipoib::wire::offload::{self, VNET_HDR_LEN, VnetHdr};
 use uipoib::wire::ipoib::{self, IpoibAddr};
 use uipoib::wire::ipv4;
+use uipoib::wire::offload::{self, VNET_HDR_LEN, VnetHdr};
 
 /// An Ethernet header and `payload`.
 pub fn eth_frame(dst: Mac, src: Mac, ethertype: u16, payload: &[u8]) -> Vec<u8> {

@@ -10,11 +10,10 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use uipoib::runtime::config::{DEFAULT_GROUP, DEFAULT_QKEY};
-use uipoib::wire::ipv4::Ipv4Cidr;
-use uipoib::iface::{Interface, Params};
 use uipoib::iface::napi::TxGate;
 use uipoib::iface::stats::{self, DropReason, Stats};
+use uipoib::iface::{Interface, Params};
+use uipoib::runtime::config::{DEFAULT_GROUP, DEFAULT_QKEY};
 use uipoib::verbs::sim::SimFabric;
 use uipoib::verbs::{
     AhHandle, Completion, CqKind, Dest, Endpoint, EndpointConfig, Gid, MULTICAST_QPN, Provider,
@@ -22,6 +21,7 @@ use uipoib::verbs::{
 };
 use uipoib::wire::arp::{self, EthArp, IpoibArp};
 use uipoib::wire::eth::{self, Mac, mac_for_gid};
+use uipoib::wire::ipv4::Ipv4Cidr;
 use uipoib::wire::offload::{GSO_ECN, GSO_TCPV4, VNET_HDR_LEN};
 use uipoib::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ipoib};
 
