@@ -5,13 +5,20 @@
 //! - `ipoib_header`: emitting and parsing the 4-byte IPoIB header;
 //! - `grh_parse/ipv4|ipv6`: the 40 bytes in front of every UD receive (RoCEv2-IPv4, as
 //!   rxe gives with IPv4-mapped GIDs, and the IB/IPv6 layout);
-//! - `arp`: Ethernet ARP → IPoIB ARP (TX) and back (RX), parse + translate + emit;
-//! - `eth_to_ipoib/<len>`: the TX translation of one IPv4 frame, copy included;
-//! - `ipoib_to_eth/<len>`: the RX translation of one received IPv4 packet, copy included;
-//! - `gso_segment`: cutting one 64 KiB TCP super-frame from the TAP into 16 segments of
-//!   MSS 4052 (copies, IPv4 and TCP checksums included), per super-frame;
-//! - `gso_join`: verifying 16 received segments and joining them into one super-frame
-//!   for the TAP, per super-frame.
+//! - `arp/eth_to_ipoib`: the shipped send translation ([`translate::plan_send`] and
+//!   [`Body::emit`](translate::Body::emit)) of an Ethernet ARP request from the TAP;
+//! - `arp/ipoib_to_eth`: the shipped receive translation ([`translate::receive`]) of an
+//!   IPoIB ARP request, GRH included;
+//! - `eth_to_ipoib/<len>`: the send translation of one IPv4 frame, copy included;
+//! - `ipoib_to_eth/<len>`: the receive translation of one IPv4 packet, copy included;
+//! - `gso_segment`: the TAP's [`Segmenter`] cutting one 64 KiB TCP super-frame already
+//!   read into 16 segments of MSS 4052 (copies, IPv4 and TCP checksums included), per
+//!   super-frame;
+//! - `gso_join`: the TAP's [`Joiner`] verifying 16 received segments and joining them
+//!   into one super-frame, per super-frame.
+//!
+//! What the interface does with the translation's facts (the neighbour table, counters,
+//! posting) is measured by `benches/datapath.rs` and `benches/neigh.rs`.
 
 use std::hint::black_box;
 use std::net::Ipv4Addr;
@@ -19,11 +26,13 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use uipoib::verbs::{GRH_LEN, Gid, GrhKind};
-use uipoib::wire::arp::{self, EthArp, IpoibArp};
+use uipoib::wire::arp::{self, EthArp};
 use uipoib::wire::eth::{self, EthHeader, Mac, mac_for_gid};
-use uipoib::wire::gso::{self, Coalescer, FrameSink, VNET_HDR_LEN, VnetHdr};
 use uipoib::wire::ipoib::{self, IpoibAddr};
-use uipoib::wire::{ETHERTYPE_IPV4, grh, ipv4};
+use uipoib::wire::ipv4::Ipv4Cidr;
+use uipoib::wire::offload::{self, FrameSink, Joiner, Segmenter, Taken, VNET_HDR_LEN, VnetHdr};
+use uipoib::wire::translate::{self, Local, RecvMeta, RxVerdict};
+use uipoib::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4, grh, ipv4};
 
 fn ip_packet(len: usize) -> Vec<u8> {
     let mut ip = vec![0u8; len];
@@ -38,13 +47,13 @@ fn ip_packet(len: usize) -> Vec<u8> {
     ip
 }
 
-fn eth_frame(ethertype: u16, payload: &[u8]) -> Vec<u8> {
+fn eth_frame(ethertype: u16, dst: Mac, src: Mac, payload: &[u8]) -> Vec<u8> {
     let mut f = vec![0u8; eth::HEADER_LEN + payload.len()];
     eth::emit_header(
         &mut f,
         &EthHeader {
-            dst: Mac([2, 0, 198, 18, 0, 2]),
-            src: Mac([2, 0, 198, 18, 0, 1]),
+            dst,
+            src,
             ethertype,
         },
     )
@@ -53,10 +62,21 @@ fn eth_frame(ethertype: u16, payload: &[u8]) -> Vec<u8> {
     f
 }
 
+/// A UD receive: `grh`, then what was sent (IPoIB header and payload).
+fn ud_receive(grh: &[u8; GRH_LEN], sent: &[u8]) -> Vec<u8> {
+    let mut r = grh.to_vec();
+    r.extend_from_slice(sent);
+    r
+}
+
+/// Two MACs for frames whose addresses do not matter.
+const MAC_A: Mac = Mac([2, 0, 198, 18, 1, 1]);
+const MAC_B: Mac = Mac([2, 0, 198, 18, 1, 2]);
+
 fn bench_codecs(c: &mut Criterion) {
     let mut g = c.benchmark_group("wire");
     g.throughput(Throughput::Elements(1));
-    let frame = eth_frame(ETHERTYPE_IPV4, &ip_packet(1500));
+    let frame = eth_frame(ETHERTYPE_IPV4, MAC_B, MAC_A, &ip_packet(1500));
     g.bench_function("eth_parse", |b| {
         b.iter(|| eth::parse_frame(black_box(&frame)).unwrap().0.ethertype)
     });
@@ -86,73 +106,112 @@ fn bench_codecs(c: &mut Criterion) {
         b.iter(|| grh::parse(black_box(&g6), GrhKind::Ipv6).unwrap().sgid)
     });
 
-    let own = IpoibAddr::new(17, sgid);
+    // A (198.18.1.1, QPN 17) sends to B (198.18.1.2, QPN 18); B receives from A.
+    let (a_ip, b_ip) = (Ipv4Addr::new(198, 18, 1, 1), Ipv4Addr::new(198, 18, 1, 2));
+    let a = Local {
+        hw: IpoibAddr::new(17, sgid),
+        mac: mac_for_gid(&sgid),
+        addr: Ipv4Cidr {
+            addr: a_ip,
+            prefix: 24,
+        },
+    };
+    let b_local = Local {
+        hw: IpoibAddr::new(18, dgid),
+        mac: mac_for_gid(&dgid),
+        addr: Ipv4Cidr {
+            addr: b_ip,
+            prefix: 24,
+        },
+    };
+    let b_hw = b_local.hw;
+    let table = |mac: &Mac| (*mac == b_local.mac).then_some(b_hw);
+    let from_a = RecvMeta {
+        src_qp: 17,
+        has_grh: true,
+    };
     let req = EthArp {
         op: arp::OP_REQUEST,
-        sha: mac_for_gid(&sgid),
-        spa: Ipv4Addr::new(198, 18, 1, 1),
+        sha: a.mac,
+        spa: a_ip,
         tha: Mac::ZERO,
-        tpa: Ipv4Addr::new(198, 18, 1, 2),
+        tpa: b_ip,
     };
     let mut eth_arp = [0u8; arp::ETH_ARP_LEN];
     req.emit(&mut eth_arp).unwrap();
-    let mut ib_arp = [0u8; 128];
+    let arp_frame = eth_frame(ETHERTYPE_ARP, Mac::BROADCAST, a.mac, &eth_arp);
+    let mut sbuf = vec![0u8; 4096];
     g.bench_function("arp/eth_to_ipoib", |b| {
         b.iter(|| {
-            let a = EthArp::parse(black_box(&eth_arp)).unwrap();
-            a.to_ipoib(own, IpoibAddr::ZERO)
-                .emit(black_box(&mut ib_arp))
-                .unwrap()
+            let f = black_box(&arp_frame[..]);
+            let p = translate::plan_send(f, &a, 4092, table).unwrap();
+            p.body.emit(f, black_box(&mut sbuf)).unwrap()
         })
     });
-    let n = req
-        .to_ipoib(own, IpoibAddr::ZERO)
-        .emit(&mut ib_arp)
+    let n = translate::plan_send(&arp_frame, &a, 4092, table)
+        .unwrap()
+        .body
+        .emit(&arp_frame, &mut sbuf)
         .unwrap();
-    let wire_arp = ib_arp[..n].to_vec();
-    let mut out = [0u8; 64];
+    let arp_recv = ud_receive(&g4, &sbuf[..ipoib::HEADER_LEN + n]);
+    let mut fbuf = vec![0u8; eth::HEADER_LEN + 4096];
+    let delivered = |r: translate::Received| matches!(r.verdict, RxVerdict::Deliver(_));
+    assert!(
+        delivered(translate::receive(
+            &arp_recv,
+            from_a,
+            GrhKind::Ipv4,
+            &b_local,
+            &mut fbuf
+        )),
+        "the ARP is carried: the whole path is measured"
+    );
     g.bench_function("arp/ipoib_to_eth", |b| {
         b.iter(|| {
-            let a = IpoibArp::parse(black_box(&wire_arp)).unwrap();
-            a.to_eth(mac_for_gid(&a.sha.gid), Mac::ZERO)
-                .emit(black_box(&mut out))
-                .unwrap()
+            let r = translate::receive(
+                black_box(&arp_recv),
+                from_a,
+                GrhKind::Ipv4,
+                &b_local,
+                black_box(&mut fbuf),
+            );
+            r.verdict
         })
     });
 
     for len in [52usize, 1500, 4092] {
         g.throughput(Throughput::Bytes(len as u64));
-        let frame = eth_frame(ETHERTYPE_IPV4, &ip_packet(len));
-        let mut sbuf = vec![0u8; 4096];
+        let frame = eth_frame(ETHERTYPE_IPV4, b_local.mac, a.mac, &ip_packet(len));
         g.bench_with_input(BenchmarkId::new("eth_to_ipoib", len), &len, |b, _| {
             b.iter(|| {
-                let (h, payload) = eth::parse_frame(black_box(&frame)).unwrap();
-                let s = ipv4::parse_summary(payload).unwrap();
-                ipoib::emit_header(&mut sbuf, h.ethertype).unwrap();
-                sbuf[ipoib::HEADER_LEN..ipoib::HEADER_LEN + payload.len()].copy_from_slice(payload);
-                s.total_len
+                let f = black_box(&frame[..]);
+                let p = translate::plan_send(f, &a, 4092, table).unwrap();
+                p.body.emit(f, black_box(&mut sbuf)).unwrap()
             })
         });
-        let mut rbuf = vec![0u8; GRH_LEN + ipoib::HEADER_LEN + len];
-        rbuf[..GRH_LEN].copy_from_slice(&g4);
-        ipoib::emit_header(&mut rbuf[GRH_LEN..], ETHERTYPE_IPV4).unwrap();
-        rbuf[GRH_LEN + ipoib::HEADER_LEN..].copy_from_slice(&ip_packet(len));
-        let mut fbuf = vec![0u8; eth::HEADER_LEN + 4096];
+        let n = translate::plan_send(&frame, &a, 4092, table)
+            .unwrap()
+            .body
+            .emit(&frame, &mut sbuf)
+            .unwrap();
+        let rbuf = ud_receive(&g4, &sbuf[..ipoib::HEADER_LEN + n]);
+        assert!(delivered(translate::receive(
+            &rbuf,
+            from_a,
+            GrhKind::Ipv4,
+            &b_local,
+            &mut fbuf
+        )));
         g.bench_with_input(BenchmarkId::new("ipoib_to_eth", len), &len, |b, _| {
             b.iter(|| {
-                let buf = black_box(&rbuf[..]);
-                let gi = grh::parse(&buf[..GRH_LEN], GrhKind::Ipv4).unwrap();
-                let (_, payload) = ipoib::parse_header(&buf[GRH_LEN..]).unwrap();
-                let s = ipv4::parse_summary(payload).unwrap();
-                let h = EthHeader {
-                    dst: Mac([2, 0, 198, 18, 0, 2]),
-                    src: mac_for_gid(&gi.sgid),
-                    ethertype: ETHERTYPE_IPV4,
-                };
-                eth::emit_header(&mut fbuf, &h).unwrap();
-                fbuf[eth::HEADER_LEN..eth::HEADER_LEN + s.total_len]
-                    .copy_from_slice(&payload[..s.total_len]);
-                s.total_len
+                let r = translate::receive(
+                    black_box(&rbuf),
+                    from_a,
+                    GrhKind::Ipv4,
+                    &b_local,
+                    black_box(&mut fbuf),
+                );
+                r.verdict
             })
         });
     }
@@ -175,7 +234,7 @@ fn tcp_super_frame(payload: usize) -> Vec<u8> {
     for (i, b) in ip[40..].iter_mut().enumerate() {
         *b = i as u8;
     }
-    eth_frame(ETHERTYPE_IPV4, &ip)
+    eth_frame(ETHERTYPE_IPV4, MAC_A, MAC_B, &ip)
 }
 
 struct Discard;
@@ -193,38 +252,48 @@ fn bench_gso(c: &mut Criterion) {
     let mss = 4052u16;
     let frame = tcp_super_frame(usize::from(mss) * 16);
     let hdr = VnetHdr {
-        flags: gso::F_NEEDS_CSUM,
-        gso_type: gso::GSO_TCPV4,
+        flags: offload::F_NEEDS_CSUM,
+        gso_type: offload::GSO_TCPV4,
         hdr_len: 54,
         gso_size: mss,
         csum_start: 34,
         csum_offset: 16,
     };
     let mut out = vec![0u8; 4200];
+    let mut cut = Segmenter::new();
+    let mut h = [0u8; VNET_HDR_LEN];
+    hdr.emit(&mut h);
+    let read = cut.read_buf();
+    read[..VNET_HDR_LEN].copy_from_slice(&h);
+    read[VNET_HDR_LEN..VNET_HDR_LEN + frame.len()].copy_from_slice(&frame);
+    let n = VNET_HDR_LEN + frame.len();
     g.bench_function("gso_segment", |b| {
         b.iter(|| {
-            let p = gso::plan(black_box(&frame), &hdr).unwrap();
-            let mut n = 0;
-            for i in 0..p.segments {
-                n += gso::segment(&frame, &p, i, &mut out).unwrap();
+            // The read is taken again each time: planning does not change it.
+            let Taken::Cut { first, .. } = cut.take(black_box(n), &mut out).unwrap() else {
+                unreachable!("a TSO read");
+            };
+            let mut len = first.unwrap();
+            while let Some((_, _, r)) = cut.next_segment(&mut out) {
+                len += r.unwrap();
             }
-            n
+            len
         })
     });
-    let p = gso::plan(&frame, &hdr).unwrap();
+    let p = offload::plan(&frame, &hdr).unwrap();
     let segs: Vec<Vec<u8>> = (0..p.segments)
         .map(|i| {
-            let n = gso::segment(&frame, &p, i, &mut out).unwrap();
+            let n = offload::segment(&frame, &p, i, &mut out).unwrap();
             out[..n].to_vec()
         })
         .collect();
-    let mut co = Coalescer::new();
+    let mut join = Joiner::new();
     g.bench_function("gso_join", |b| {
         b.iter(|| {
             for s in &segs {
-                co.push(black_box(s), &mut Discard).unwrap();
+                join.push(black_box(s), &mut Discard).unwrap();
             }
-            co.flush(&mut Discard).unwrap();
+            join.flush(&mut Discard)
         })
     });
     g.finish();

@@ -13,8 +13,8 @@ use uipoib::runtime::config::DEFAULT_GROUP;
 use uipoib::verbs::{GRH_LEN, Gid};
 use uipoib::wire::arp::{OP_REPLY, OP_REQUEST};
 use uipoib::wire::eth::Mac;
-use uipoib::wire::gso::{self, VnetHdr};
 use uipoib::wire::ipoib::IpoibAddr;
+use uipoib::wire::offload::{self, VnetHdr};
 use uipoib::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6, ETHERTYPE_VLAN, grh};
 use uipoib_fuzz::frames::*;
 use uipoib_fuzz::input::join;
@@ -136,7 +136,7 @@ fn main() {
     );
     let udp_frame = eth_frame(b_mac, a_mac, ETHERTYPE_IPV4, &udp(A_IP, B_IP, 53, b"query"));
     let csum = VnetHdr {
-        flags: gso::F_NEEDS_CSUM,
+        flags: offload::F_NEEDS_CSUM,
         csum_start: 34,
         csum_offset: 6,
         ..VnetHdr::default()

@@ -6,8 +6,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use uipoib::runtime::config::{Config, FileConfig, MAX_IPOIB_MTU, MIN_IPOIB_MTU, check_ifname};
-use uipoib::wire::ipv4::Ipv4Cidr;
 use uipoib::verbs::Gid;
+use uipoib::wire::ipv4::Ipv4Cidr;
 
 fn check(c: &Config) {
     assert!(!c.device.is_empty());

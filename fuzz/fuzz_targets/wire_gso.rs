@@ -1,4 +1,4 @@
-//! TAP offloads (`wire::gso`). The mode byte picks what the records are:
+//! TAP offloads (`wire::offload`). The mode byte picks what the records are:
 //! - even: one `virtio_net_hdr` + frame per record, as a TAP read: the header written
 //!   back byte for byte; a partial checksum completed (nothing else changes); a TSO
 //!   super-frame planned and cut into every segment (each checked: length, payload,
@@ -10,7 +10,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use uipoib::wire::gso::{self, Coalescer, FrameSink, VNET_HDR_LEN, VnetHdr};
+use uipoib::wire::offload::{self, Coalescer, FrameSink, VNET_HDR_LEN, VnetHdr};
 use uipoib_fuzz::{checks, input};
 
 type Delivered = Vec<([u8; VNET_HDR_LEN], Vec<u8>)>;
@@ -46,17 +46,17 @@ fn tap_read(read: &[u8]) {
     hdr.emit(&mut back);
     assert_eq!(back[..], read[..VNET_HDR_LEN]);
     let frame = &read[VNET_HDR_LEN..];
-    if hdr.flags & gso::F_NEEDS_CSUM != 0 {
+    if hdr.flags & offload::F_NEEDS_CSUM != 0 {
         let mut f = frame.to_vec();
         let (start, off) = (usize::from(hdr.csum_start), usize::from(hdr.csum_offset));
-        if gso::finish_checksum(&mut f, start, off).is_ok() {
+        if offload::finish_checksum(&mut f, start, off).is_ok() {
             let at = start + off;
             assert!(at + 2 <= f.len());
             assert_eq!(f[..at], frame[..at]);
             assert_eq!(f[at + 2..], frame[at + 2..]);
         }
     }
-    if let Ok(p) = gso::plan(frame, &hdr) {
+    if let Ok(p) = offload::plan(frame, &hdr) {
         assert!(p.headers() <= frame.len());
         assert_eq!(p.headers() + p.payload, frame.len());
         // Keep each run short: a 1-byte MSS over a long frame is many segments.

@@ -1,7 +1,7 @@
 //! Checks of the offload codecs that more than one target uses.
 
-use uipoib::wire::gso::{self, GSO_TCPV4, Plan, VNET_HDR_LEN, VnetHdr};
 use uipoib::wire::ipv4::{self, fold, ones_sum};
+use uipoib::wire::offload::{self, GSO_TCPV4, Plan, VNET_HDR_LEN, VnetHdr};
 
 const ETH: usize = 14;
 /// Offset of the IPv4 identification field in a frame.
@@ -49,7 +49,7 @@ pub fn check_segment(frame: &[u8], p: &Plan, i: usize, seg: &[u8]) {
     );
 }
 
-/// Cut a TSO super-frame into every segment with `gso::segment`, checking each.
+/// Cut a TSO super-frame into every segment with `offload::segment`, checking each.
 /// Returns the segments.
 pub fn cut(frame: &[u8], p: &Plan) -> Vec<Vec<u8>> {
     assert!(p.segments >= 1);
@@ -58,7 +58,7 @@ pub fn cut(frame: &[u8], p: &Plan) -> Vec<Vec<u8>> {
     let mut buf = vec![0u8; p.headers() + p.mss];
     let mut payload = 0;
     for i in 0..p.segments {
-        let n = gso::segment(frame, p, i, &mut buf)
+        let n = offload::segment(frame, p, i, &mut buf)
             .unwrap_or_else(|e| panic!("segment {i} of a planned frame failed: {e}"));
         check_segment(frame, p, i, &buf[..n]);
         payload += n - p.headers();
@@ -69,7 +69,7 @@ pub fn cut(frame: &[u8], p: &Plan) -> Vec<Vec<u8>> {
         "the segments do not add up to the payload"
     );
     assert!(
-        gso::segment(frame, p, p.segments, &mut buf).is_err(),
+        offload::segment(frame, p, p.segments, &mut buf).is_err(),
         "a segment past the last one was cut"
     );
     out
@@ -92,12 +92,12 @@ pub fn check_coalesced(written: &[Vec<u8>], delivered: &[([u8; VNET_HDR_LEN], Ve
             continue;
         }
         assert_eq!(hdr.gso_type, GSO_TCPV4, "a joined frame's gso_type");
-        assert_eq!(hdr.flags, gso::F_NEEDS_CSUM, "a joined frame's flags");
-        let p = gso::plan(frame, &hdr).expect("a joined frame plans as a TSO frame");
+        assert_eq!(hdr.flags, offload::F_NEEDS_CSUM, "a joined frame's flags");
+        let p = offload::plan(frame, &hdr).expect("a joined frame plans as a TSO frame");
         assert!(p.segments >= 2, "a frame joined from one segment");
         assert_eq!(usize::from(hdr.hdr_len), p.headers(), "hdr_len");
         let mut done = frame.clone();
-        gso::finish_checksum(
+        offload::finish_checksum(
             &mut done[..],
             usize::from(hdr.csum_start),
             usize::from(hdr.csum_offset),

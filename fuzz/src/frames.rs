@@ -6,9 +6,9 @@ use std::net::Ipv4Addr;
 use uipoib::verbs::Gid;
 use uipoib::wire::arp::{self, EthArp, IpoibArp};
 use uipoib::wire::eth::{self, EthHeader, Mac};
-use uipoib::wire::gso::{self, VNET_HDR_LEN, VnetHdr};
 use uipoib::wire::ipoib::{self, IpoibAddr};
 use uipoib::wire::ipv4;
+use uipoib::wire::offload::{self, VNET_HDR_LEN, VnetHdr};
 
 /// An Ethernet header and `payload`.
 pub fn eth_frame(dst: Mac, src: Mac, ethertype: u16, payload: &[u8]) -> Vec<u8> {
@@ -134,8 +134,8 @@ pub fn vnet_read(hdr: &VnetHdr, frame: &[u8]) -> Vec<u8> {
 /// as the kernel hands one to a TAP with `IFF_VNET_HDR`.
 pub fn tso_hdr(mss: u16) -> VnetHdr {
     VnetHdr {
-        flags: gso::F_NEEDS_CSUM,
-        gso_type: gso::GSO_TCPV4,
+        flags: offload::F_NEEDS_CSUM,
+        gso_type: offload::GSO_TCPV4,
         hdr_len: 14 + 20 + 20,
         gso_size: mss,
         csum_start: 14 + 20,

@@ -1,13 +1,12 @@
 //! A TAP double for [`uipoib::tap::FrameIo`].
 //!
 //! Without offloads a read returns one queued frame and a write keeps the frame. With
-//! offloads it does what `uipoib::tap::Tap` does on a TAP opened with `IFF_VNET_HDR`
-//! (its `FrameIo` impl, step for step): a queued read starts with a `virtio_net_hdr`; a
-//! partial checksum is completed, a TCP/IPv4 super-frame is cut into segments handed out
-//! one per read, a bad request is `InvalidData`; written frames go through a
-//! [`Coalescer`] (GRO), joined until [`FrameIo::flush`]. The real `Tap` needs
-//! `/dev/net/tun` and root, and is built around a file descriptor, so the double repeats
-//! those few lines over the same `uipoib::wire::gso` functions.
+//! offloads it does what `uipoib::tap::Tap` does on a TAP opened with `IFF_VNET_HDR`,
+//! with the same [`Segmenter`] and [`Joiner`]: a queued read starts with a
+//! `virtio_net_hdr`; a partial checksum is completed, a TCP/IPv4 super-frame is cut into
+//! segments handed out one per read, a bad request is `InvalidData`; written frames are
+//! joined (GRO) until [`FrameIo::flush`]. Only the file descriptor of the real `Tap`
+//! (which needs `/dev/net/tun` and root) is replaced by queues.
 //!
 //! It records what the datapath read (each segment), what it wrote (before joining) and
 //! what reached the "kernel" (after joining, with the header), for the checks.
@@ -17,7 +16,7 @@ use std::io;
 use std::sync::Mutex;
 
 use uipoib::tap::FrameIo;
-use uipoib::wire::gso::{self, Coalescer, FrameSink, Plan, VNET_HDR_LEN, VnetHdr};
+use uipoib::wire::offload::{FrameSink, Joiner, Lost, Segmenter, Taken, VNET_HDR_LEN};
 
 /// What the double saw; see the module docs.
 #[derive(Default)]
@@ -35,11 +34,8 @@ pub struct Log {
 
 struct Inner {
     inbound: VecDeque<Vec<u8>>,
-    buf: Vec<u8>,
-    len: usize,
-    plan: Option<Plan>,
-    next: usize,
-    gro: Option<Coalescer>,
+    cut: Option<Segmenter>,
+    gro: Option<Joiner>,
     log: Log,
 }
 
@@ -62,6 +58,10 @@ fn bad_offload(e: uipoib::wire::WireError) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e)
 }
 
+fn lost(l: Lost) -> ! {
+    panic!("the joiner lost {} frames: {}", l.frames, l.error)
+}
+
 impl TapDouble {
     /// A double with (`offload`) or without `IFF_VNET_HDR`.
     pub fn new(offload: bool) -> TapDouble {
@@ -69,15 +69,8 @@ impl TapDouble {
             offload,
             inner: Mutex::new(Inner {
                 inbound: VecDeque::new(),
-                buf: if offload {
-                    vec![0; VNET_HDR_LEN + gso::MAX_SUPER_FRAME]
-                } else {
-                    Vec::new()
-                },
-                len: 0,
-                plan: None,
-                next: 0,
-                gro: offload.then(Coalescer::new),
+                cut: offload.then(Segmenter::new),
+                gro: offload.then(Joiner::new),
                 log: Log::default(),
             }),
         }
@@ -96,12 +89,12 @@ impl TapDouble {
     /// Whether a read would return something (queued reads, or segments still to cut).
     pub fn pending(&self) -> bool {
         let g = self.lock();
-        !g.inbound.is_empty() || g.plan.is_some()
+        !g.inbound.is_empty() || g.cut.as_ref().is_some_and(Segmenter::pending)
     }
 
     /// With offloads: (super-frames written, received frames joined into them).
     pub fn coalesced(&self) -> (u64, u64) {
-        self.lock().gro.as_ref().map_or((0, 0), |c| c.coalesced)
+        self.lock().gro.as_ref().map_or((0, 0), Joiner::coalesced)
     }
 
     /// Take what was logged so far.
@@ -115,62 +108,28 @@ impl TapDouble {
 }
 
 impl Inner {
-    /// `uipoib::tap::Tap::read_frame` with offloads, over the queued reads.
+    /// `uipoib::tap::Tap::read_frame` with offloads, over the queued reads; each segment
+    /// handed out is checked against its super-frame.
     fn read_offload(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if let Some(p) = self.plan {
-            let i = self.next;
-            self.next += 1;
-            if self.next >= p.segments {
-                self.plan = None;
-            }
-            let frame = &self.buf[VNET_HDR_LEN..self.len];
-            let n = gso::segment(frame, &p, i, buf).map_err(bad_offload)?;
-            crate::checks::check_segment(frame, &p, i, &buf[..n]);
+        let cut = self.cut.as_mut().expect("a double with offloads");
+        if let Some((p, i, r)) = cut.next_segment(buf) {
+            let n = r.map_err(bad_offload)?;
+            crate::checks::check_segment(cut.super_frame(), &p, i, &buf[..n]);
             return Ok(n);
         }
         let Some(read) = self.inbound.pop_front() else {
             return Err(io::ErrorKind::WouldBlock.into());
         };
-        let n = read.len().min(self.buf.len());
-        self.buf[..n].copy_from_slice(&read[..n]);
-        let hdr = VnetHdr::parse(&self.buf[..n]).map_err(bad_offload)?;
-        let frame = &mut self.buf[VNET_HDR_LEN..n];
-        match hdr.gso_type & !gso::GSO_ECN {
-            gso::GSO_NONE => {
-                if hdr.flags & gso::F_NEEDS_CSUM != 0 {
-                    gso::finish_checksum(
-                        frame,
-                        usize::from(hdr.csum_start),
-                        usize::from(hdr.csum_offset),
-                    )
-                    .map_err(bad_offload)?;
-                }
-                let out = buf.get_mut(..frame.len()).ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::InvalidData, "frame exceeds the MTU")
-                })?;
-                out.copy_from_slice(frame);
-                Ok(frame.len())
+        let into = cut.read_buf();
+        let n = read.len().min(into.len());
+        into[..n].copy_from_slice(&read[..n]);
+        match cut.take(n, buf).map_err(bad_offload)? {
+            Taken::Frame(len) => Ok(len),
+            Taken::Cut { plan, first } => {
+                let len = first.map_err(bad_offload)?;
+                crate::checks::check_segment(cut.super_frame(), &plan, 0, &buf[..len]);
+                Ok(len)
             }
-            gso::GSO_TCPV4 => {
-                let p = gso::plan(frame, &hdr).map_err(bad_offload)?;
-                self.len = n;
-                if p.segments > 1 {
-                    self.plan = Some(p);
-                    self.next = 1;
-                }
-                let frame = &self.buf[VNET_HDR_LEN..n];
-                let r = gso::segment(frame, &p, 0, buf).map_err(|e| {
-                    self.plan = None;
-                    bad_offload(e)
-                });
-                if let Ok(len) = r {
-                    crate::checks::check_segment(frame, &p, 0, &buf[..len]);
-                }
-                r
-            }
-            _ => Err(bad_offload(uipoib::wire::WireError::BadOffload(
-                "a segmentation type other than TCP/IPv4",
-            ))),
         }
     }
 }
@@ -204,12 +163,10 @@ impl FrameIo for TapDouble {
         let g = &mut *g;
         g.log.written.push(frame.to_vec());
         match &mut g.gro {
-            Some(c) => {
-                // The sink cannot fail, so nothing is lost.
-                if let Err(lost) = c.push(frame, &mut Sink(&mut g.log.delivered)) {
-                    panic!("the coalescer lost {} frames: {}", lost.frames, lost.error);
-                }
-            }
+            // The sink cannot fail, so nothing is lost.
+            Some(j) => j
+                .push(frame, &mut Sink(&mut g.log.delivered))
+                .unwrap_or_else(|l| lost(l)),
             None => g.log.delivered.push(([0; VNET_HDR_LEN], frame.to_vec())),
         }
         Ok(frame.len())
@@ -218,11 +175,9 @@ impl FrameIo for TapDouble {
     fn flush(&self) -> usize {
         let mut g = self.lock();
         let g = &mut *g;
-        if let Some(c) = &mut g.gro
-            && let Err(lost) = c.flush(&mut Sink(&mut g.log.delivered))
-        {
-            panic!("the coalescer lost {} frames: {}", lost.frames, lost.error);
+        match &mut g.gro {
+            Some(j) => j.flush(&mut Sink(&mut g.log.delivered)).lost,
+            None => 0,
         }
-        0
     }
 }

@@ -10,12 +10,11 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use uipoib::runtime::supervisor::Close;
-use uipoib::runtime::config::{DEFAULT_GROUP, DEFAULT_QKEY};
-use uipoib::wire::ipv4::Ipv4Cidr;
-use uipoib::iface::{Interface, Params};
 use uipoib::iface::napi::TxGate;
 use uipoib::iface::stats::{self, DropReason, Stats};
+use uipoib::iface::{Interface, Params};
+use uipoib::runtime::config::{DEFAULT_GROUP, DEFAULT_QKEY};
+use uipoib::runtime::supervisor::Close;
 use uipoib::verbs::sim::SimFabric;
 use uipoib::verbs::{
     AhHandle, Completion, CqKind, Dest, Endpoint, EndpointConfig, Gid, MULTICAST_QPN, Provider,
@@ -23,7 +22,8 @@ use uipoib::verbs::{
 };
 use uipoib::wire::arp::{self, EthArp, IpoibArp};
 use uipoib::wire::eth::{self, Mac, mac_for_gid};
-use uipoib::wire::gso::{GSO_ECN, GSO_TCPV4, VNET_HDR_LEN};
+use uipoib::wire::ipv4::Ipv4Cidr;
+use uipoib::wire::offload::{GSO_ECN, GSO_TCPV4, VNET_HDR_LEN};
 use uipoib::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ipoib};
 
 use crate::checks::check_coalesced;
@@ -249,7 +249,7 @@ fn as_read(tap: &TapDouble, frame: &[u8]) -> Vec<u8> {
 pub fn read_for(offload: bool, frame: &[u8]) -> Vec<u8> {
     let mut r = Vec::new();
     if offload {
-        r.extend_from_slice(&[0; uipoib::wire::gso::VNET_HDR_LEN]);
+        r.extend_from_slice(&[0; uipoib::wire::offload::VNET_HDR_LEN]);
     }
     r.extend_from_slice(frame);
     r

@@ -8,7 +8,7 @@
 //!
 //! With offloads (`tap-offload`, on by default) the TAP also has `IFF_VNET_HDR` with
 //! checksum and TCP segmentation offload: the kernel's TCP hands over super-frames of up
-//! to 64 KiB in one read, which are cut here into MTU-sized segments (src/wire/gso.rs),
+//! to 64 KiB in one read, which are cut here into MTU-sized segments (src/wire/offload.rs),
 //! and partial checksums are completed. The datapath sees ordinary frames either way.
 //!
 //! The TAP outlives the verbs objects: it stays up across a restart of the interface.
@@ -22,8 +22,8 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use crate::wire::eth::Mac;
-use crate::wire::gso::{self, Coalescer, FrameSink, Plan, VNET_HDR_LEN, VnetHdr};
 use crate::wire::ipv4::Ipv4Cidr;
+use crate::wire::offload::{FrameSink, Joiner, Segmenter, Taken, VNET_HDR_LEN};
 
 /// A TAP failure, naming the step.
 #[derive(Debug, thiserror::Error)]
@@ -55,19 +55,12 @@ pub enum TapError {
 pub struct Tap {
     file: File,
     name: String,
-    offload: Option<Mutex<Offload>>,
+    /// With offloads: super-frames read from the TAP, cut into frames.
+    offload: Option<Mutex<Segmenter>>,
     /// With offloads: received frames joined before they are written.
-    gro: Option<Mutex<Gro>>,
+    gro: Option<Mutex<Joiner>>,
     netns: Mutex<Option<String>>,
     stats: Option<Arc<dyn OffloadCounters>>,
-}
-
-/// The receive side's coalescer and the frames it failed to write since the last flush.
-struct Gro {
-    coalescer: Coalescer,
-    lost: usize,
-    /// What `coalescer.coalesced` was when last counted in the stats.
-    reported: (u64, u64),
 }
 
 /// Writes a frame behind its `virtio_net_hdr` with one `writev`.
@@ -86,14 +79,6 @@ impl FrameSink for Sink<'_> {
         }
         Ok(())
     }
-}
-
-/// A super-frame read from the TAP and the segments still to hand out.
-struct Offload {
-    buf: Vec<u8>,
-    len: usize,
-    plan: Option<Plan>,
-    next: usize,
 }
 
 fn bad_offload(e: crate::wire::WireError) -> io::Error {
@@ -147,21 +132,8 @@ impl Tap {
         Ok(Tap {
             file: File::from(fd),
             name: real,
-            offload: offload.then(|| {
-                Mutex::new(Offload {
-                    buf: vec![0; VNET_HDR_LEN + gso::MAX_SUPER_FRAME],
-                    len: 0,
-                    plan: None,
-                    next: 0,
-                })
-            }),
-            gro: offload.then(|| {
-                Mutex::new(Gro {
-                    coalescer: Coalescer::new(),
-                    lost: 0,
-                    reported: (0, 0),
-                })
-            }),
+            offload: offload.then(|| Mutex::new(Segmenter::new())),
+            gro: offload.then(|| Mutex::new(Joiner::new())),
             netns: Mutex::new(None),
             stats: None,
         })
@@ -176,10 +148,7 @@ impl Tap {
     /// With offloads: (super-frames written, received frames joined into them).
     pub fn coalesced(&self) -> (u64, u64) {
         self.gro.as_ref().map_or((0, 0), |g| {
-            g.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .coalescer
-                .coalesced
+            g.lock().unwrap_or_else(|e| e.into_inner()).coalesced()
         })
     }
 
@@ -277,59 +246,22 @@ impl Tap {
 
 impl FrameIo for Tap {
     fn read_frame(&self, buf: &mut [u8]) -> io::Result<usize> {
-        let Some(off) = &self.offload else {
+        let Some(cut) = &self.offload else {
             return (&self.file).read(buf);
         };
-        let mut o = off.lock().unwrap_or_else(|e| e.into_inner());
-        let o = &mut *o;
-        if let Some(p) = o.plan {
-            let i = o.next;
-            o.next += 1;
-            if o.next >= p.segments {
-                o.plan = None;
-            }
-            return gso::segment(&o.buf[VNET_HDR_LEN..o.len], &p, i, buf).map_err(bad_offload);
+        let mut cut = cut.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, _, r)) = cut.next_segment(buf) {
+            return r.map_err(bad_offload);
         }
-        let n = (&self.file).read(&mut o.buf)?;
-        let hdr = VnetHdr::parse(&o.buf[..n]).map_err(bad_offload)?;
-        let frame = &mut o.buf[VNET_HDR_LEN..n];
-        match hdr.gso_type & !gso::GSO_ECN {
-            gso::GSO_NONE => {
-                if hdr.flags & gso::F_NEEDS_CSUM != 0 {
-                    gso::finish_checksum(
-                        frame,
-                        usize::from(hdr.csum_start),
-                        usize::from(hdr.csum_offset),
-                    )
-                    .map_err(bad_offload)?;
-                }
-                let out = buf.get_mut(..frame.len()).ok_or_else(|| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("a {}-byte frame from the TAP exceeds the MTU", frame.len()),
-                    )
-                })?;
-                out.copy_from_slice(frame);
-                Ok(frame.len())
-            }
-            gso::GSO_TCPV4 => {
-                let p = gso::plan(frame, &hdr).map_err(bad_offload)?;
+        let n = (&self.file).read(cut.read_buf())?;
+        match cut.take(n, buf).map_err(bad_offload)? {
+            Taken::Frame(len) => Ok(len),
+            Taken::Cut { plan, first } => {
                 if let Some(s) = &self.stats {
-                    s.segmented(1, p.segments as u64);
+                    s.segmented(1, plan.segments as u64);
                 }
-                o.len = n;
-                if p.segments > 1 {
-                    o.plan = Some(p);
-                    o.next = 1;
-                }
-                gso::segment(&o.buf[VNET_HDR_LEN..n], &p, 0, buf).map_err(|e| {
-                    o.plan = None;
-                    bad_offload(e)
-                })
+                first.map_err(bad_offload)
             }
-            _ => Err(bad_offload(crate::wire::WireError::BadOffload(
-                "a segmentation type other than TCP/IPv4",
-            ))),
         }
     }
 
@@ -338,10 +270,9 @@ impl FrameIo for Tap {
             return (&self.file).write(frame);
         };
         let mut g = gro.lock().unwrap_or_else(|e| e.into_inner());
-        if let Err(lost) = g.coalescer.push(frame, &mut Sink(&self.file)) {
-            // Reported (and counted as drops) at the next flush.
-            g.lost += lost.frames;
-        }
+        // A frame that could not be written is counted by the joiner and reported (as a
+        // drop) at the next flush.
+        let _ = g.push(frame, &mut Sink(&self.file));
         Ok(frame.len())
     }
 
@@ -350,17 +281,13 @@ impl FrameIo for Tap {
             return 0;
         };
         let mut g = gro.lock().unwrap_or_else(|e| e.into_inner());
-        if let Err(lost) = g.coalescer.flush(&mut Sink(&self.file)) {
-            g.lost += lost.frames;
-        }
-        let (now, before) = (g.coalescer.coalesced, g.reported);
+        let f = g.flush(&mut Sink(&self.file));
         if let Some(s) = &self.stats
-            && now != before
+            && f.joined != (0, 0)
         {
-            s.coalesced(now.0 - before.0, now.1 - before.1);
+            s.coalesced(f.joined.0, f.joined.1);
         }
-        g.reported = now;
-        std::mem::take(&mut g.lost)
+        f.lost
     }
 }
 

@@ -76,7 +76,7 @@ pub fn tap_open(name: &str, offload: bool) -> io::Result<(std::os::fd::OwnedFd, 
         return Err(io::Error::last_os_error());
     }
     if offload {
-        let len: libc::c_int = crate::wire::gso::VNET_HDR_LEN as libc::c_int;
+        let len: libc::c_int = crate::wire::offload::VNET_HDR_LEN as libc::c_int;
         // SAFETY: TUNSETVNETHDRSZ reads one `c_int` through the pointer, a live local.
         if unsafe {
             libc::ioctl(

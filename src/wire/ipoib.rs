@@ -14,6 +14,9 @@ pub const HEADER_LEN: usize = 4;
 /// Length of an IPoIB hardware address.
 pub const HWADDR_LEN: usize = 20;
 
+/// The QPN a packet to a multicast group is sent to.
+pub const MULTICAST_QPN: u32 = 0xFF_FFFF;
+
 /// QPNs are 24 bits wide.
 const QPN_MASK: u32 = 0x00FF_FFFF;
 

@@ -6,7 +6,11 @@
 //!   (hardware type 32, 20-byte addresses), and translation between the two;
 //! - [`eth`]: Ethernet frames from and to the TAP, and the locally administered MACs that
 //!   stand for IPoIB peers;
-//! - [`grh`]: the 40 bytes in front of every UD receive.
+//! - [`grh`]: the 40 bytes in front of every UD receive;
+//! - [`translate`]: the Ethernet ⇄ IPoIB translation of one packet, what it means for
+//!   the neighbour table and the counters returned as facts;
+//! - [`offload`]: the TAP's offloads: super-frames cut into segments, received segments
+//!   joined.
 //!
 //! Nothing here allocates, does I/O or reads a clock. Every parser returns a
 //! [`WireError`] naming what was wrong; none panics on any input.
@@ -15,9 +19,10 @@ pub mod arp;
 pub mod eth;
 pub mod gid;
 pub mod grh;
-pub mod gso;
 pub mod ipoib;
 pub mod ipv4;
+pub mod offload;
+pub mod translate;
 
 /// EtherType of IPv4.
 pub const ETHERTYPE_IPV4: u16 = 0x0800;
@@ -75,6 +80,9 @@ pub enum WireError {
     /// A TAP offload (virtio_net_hdr) request that cannot be carried out.
     #[error("bad offload request: {0}")]
     BadOffload(&'static str),
+    /// A frame from the TAP longer than the buffer it is read into (the MTU's).
+    #[error("a {0}-byte frame from the TAP exceeds the MTU")]
+    FrameTooLong(usize),
 }
 
 /// The first `N` bytes of `b` as an array, or [`WireError::Truncated`] naming `what`.

@@ -29,11 +29,10 @@ use crate::verbs::{
     AhHandle, Completion, CqKind, Dest, Endpoint, EndpointConfig, GRH_LEN, Gid, MULTICAST_QPN,
     Provider, RecvWr, SendWr, VerbsError, WcStatus,
 };
-use crate::wire::arp::{self, EthArp, IpoibArp};
-use crate::wire::eth::{self, EthHeader, Mac, mac_for_gid, multicast_mac};
+use crate::wire::arp::IpoibArp;
+use crate::wire::eth::{self, Mac, mac_for_gid};
 use crate::wire::ipoib::{self, IpoibAddr};
 use crate::wire::ipv4::Ipv4Cidr;
-use crate::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6, WireError, grh, ipv4};
 
 /// How long a teardown waits for flush completions after moving the QP to error.
 pub const FLUSH_DEADLINE: Duration = Duration::from_millis(200);

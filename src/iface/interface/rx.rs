@@ -2,6 +2,9 @@
 //! hardware reports and written to the TAP, the receive ring re-posted.
 
 use super::*;
+use crate::wire::translate::{
+    self, ArpSender, Local, Received, RecvMeta, RxDrop, RxFact, RxVerdict, Standing,
+};
 
 impl Interface {
     /// Handle up to the budget of receive completions, writing packets to `tap`, and
@@ -92,24 +95,21 @@ impl Interface {
         stats::add(&self.stats.recv_completed, 1);
         let len = (c.byte_len as usize).min(self.ep.attrs().max_payload as usize + GRH_LEN);
         let kind = self.ep.attrs().grh_kind;
-        // Split borrows: the receive buffer lives in the endpoint, the frame scratch and
-        // the tables in other fields.
-        let buf = &self.ep.recv_buf(slot)[..len];
-        let r = rx_packet(
-            buf,
-            c,
+        let local = self.local();
+        let meta = RecvMeta {
+            src_qp: c.src_qp,
+            has_grh: c.has_grh,
+        };
+        // Split borrows: the receive buffer lives in the endpoint, the frame scratch in
+        // another field.
+        let got = translate::receive(
+            &self.ep.recv_buf(slot)[..len],
+            meta,
             kind,
-            &mut RxCtx {
-                neigh: &mut self.neigh,
-                stats: &self.stats,
-                own_hw: self.own_hw,
-                own_mac: self.own_mac,
-                addr: self.addr,
-                frame: &mut self.frame,
-                destroy: &mut self.destroy,
-                now,
-            },
+            &local,
+            &mut self.frame,
         );
+        let r = self.apply_rx(got, now);
         match r {
             Ok(Some(_)) if tap.is_none() => self.stats.count_drop(DropReason::RxTeardown),
             Ok(Some(n)) => match tap.map_or(Ok(0), |t| t.write_frame(&self.frame[..n])) {
@@ -154,182 +154,78 @@ impl Interface {
     }
 }
 
-pub(super) struct RxCtx<'a> {
-    neigh: &'a mut Neighbours,
-    stats: &'a Stats,
-    own_hw: IpoibAddr,
-    own_mac: Mac,
-    addr: Ipv4Cidr,
-    frame: &'a mut [u8],
-    destroy: &'a mut Vec<AhHandle>,
-    now: Instant,
-}
+impl Interface {
+    /// Who this interface is, for the translation.
+    pub(super) fn local(&self) -> Local {
+        Local {
+            hw: self.own_hw,
+            mac: self.own_mac,
+            addr: self.addr,
+        }
+    }
 
-/// Turn one UD receive (GRH + IPoIB header + payload) into an Ethernet frame in
-/// `cx.frame`. `Ok(Some(n))`: write `n` bytes to the TAP; `Ok(None)`: consumed (own
-/// loopback); `Err`: dropped for that reason.
-pub(super) fn rx_packet(
-    buf: &[u8],
-    c: Completion,
-    kind: crate::verbs::GrhKind,
-    cx: &mut RxCtx<'_>,
-) -> Result<Option<usize>, DropReason> {
-    if buf.len() < GRH_LEN + ipoib::HEADER_LEN {
-        return Err(DropReason::RxShort);
-    }
-    // A UD receive on RoCE always carries the GRH: without it nothing says who sent the
-    // packet (the IB link layer, whose local traffic may come without one, is refused at
-    // startup).
-    if !c.has_grh {
-        return Err(DropReason::RxNoGrh);
-    }
-    let g = grh::parse(&buf[..GRH_LEN], kind).map_err(|_| DropReason::RxBadGrh)?;
-    // The packet's real source, as the hardware reports it.
-    let src_hw = IpoibAddr::new(c.src_qp, g.sgid);
-    if src_hw.qpn == cx.own_hw.qpn && src_hw.gid == cx.own_hw.gid {
-        stats::add(&cx.stats.rx_own_looped, 1);
-        return Ok(None);
-    }
-    let (ethertype, payload) = match ipoib::parse_header(&buf[GRH_LEN..]) {
-        Ok(x) => x,
-        Err(WireError::Truncated { .. }) => return Err(DropReason::RxShort),
-        Err(_) => return Err(DropReason::RxBadHeader),
-    };
-    match ethertype {
-        ETHERTYPE_ARP => {
-            let a = IpoibArp::parse(payload).map_err(|_| DropReason::RxBadArp)?;
-            stats::add(&cx.stats.arp_rx, 1);
-            if a.sha.is_zero()
-                || a.sha.gid.is_multicast()
-                || a.sha.gid.is_zero()
-                || is_reserved_qpn(a.sha.qpn)
-            {
-                return Err(DropReason::RxBadArp);
-            }
-            // Believed only from its real source: the claimed sender must be the QP and
-            // GID the packet came from.
-            if a.sha != src_hw {
-                return Err(DropReason::RxArpSpoofed);
-            }
-            // 0.0.0.0 is an address probe's sender (RFC 5227): passed on, never learned.
-            let probe = a.spa.is_unspecified();
-            if !probe && !cx.addr.contains(a.spa) {
-                return Err(DropReason::RxArpOffSubnet);
-            }
-            // A new neighbour only from a reply or a request for our address (as the
-            // kernel's ARP does); a gratuitous announcement only updates a known one (a
-            // restarted peer at its new QPN); any other ARP changes nothing.
-            let trust =
-                if a.op == arp::OP_REPLY || (a.op == arp::OP_REQUEST && a.tpa == cx.addr.addr) {
-                    Trust::Create
-                } else if a.spa == a.tpa {
-                    Trust::Update
-                } else {
-                    Trust::Refresh
-                };
-            let learned = if probe {
-                None
-            } else {
-                Some(
-                    cx.neigh
-                        .learn(Some(a.spa), a.sha, trust, cx.now, cx.destroy),
-                )
-            };
-            let src_mac = match learned {
-                Some((mac, l)) => {
-                    match l {
-                        Learned::New => stats::add(&cx.stats.neigh_learned, 1),
-                        Learned::QpnChanged { old_qpn } => {
-                            stats::add(&cx.stats.neigh_updated, 1);
-                            tracing::info!(ip = %a.spa, old_qpn, new_qpn = a.sha.qpn, "peer moved to a new QPN");
+    /// Apply what the translation found to the neighbours and counters. `Ok(Some(n))`:
+    /// write `n` bytes of the frame to the TAP; `Ok(None)`: consumed (own loopback);
+    /// `Err`: dropped for that reason.
+    fn apply_rx(&mut self, got: Received, now: Instant) -> Result<Option<usize>, DropReason> {
+        match got.fact {
+            RxFact::None => {}
+            RxFact::OwnLoopback => stats::add(&self.stats.rx_own_looped, 1),
+            RxFact::Arp(sender) => {
+                stats::add(&self.stats.arp_rx, 1);
+                match sender {
+                    ArpSender::Refused => {}
+                    ArpSender::Probe => stats::add(&self.stats.arp_not_learned, 1),
+                    ArpSender::Claim { ip, hw, standing } => {
+                        let trust = match standing {
+                            Standing::Addressed => Trust::Create,
+                            Standing::Announcement => Trust::Update,
+                            Standing::Overheard => Trust::Refresh,
+                        };
+                        let (_, learned) =
+                            self.neigh
+                                .learn(Some(ip), hw, trust, now, &mut self.destroy);
+                        match learned {
+                            Learned::New => stats::add(&self.stats.neigh_learned, 1),
+                            Learned::QpnChanged { old_qpn } => {
+                                stats::add(&self.stats.neigh_updated, 1);
+                                tracing::info!(%ip, old_qpn, new_qpn = hw.qpn, "peer moved to a new QPN");
+                            }
+                            Learned::Refreshed => {}
+                            Learned::Unknown | Learned::Conflict => {
+                                stats::add(&self.stats.arp_not_learned, 1)
+                            }
+                            // Another GID behind the sender's MAC: not passed on.
+                            Learned::Collision => return Err(DropReason::RxBadArp),
                         }
-                        Learned::Refreshed => {}
-                        Learned::Unknown | Learned::Conflict => {
-                            stats::add(&cx.stats.arp_not_learned, 1)
-                        }
-                        Learned::Collision => return Err(DropReason::RxBadArp),
                     }
-                    mac
                 }
-                None => {
-                    stats::add(&cx.stats.arp_not_learned, 1);
-                    mac_for_gid(&a.sha.gid)
+            }
+            RxFact::Data { from } => {
+                if let Seen::OtherQpn { .. } = self.neigh.seen(from, now) {
+                    stats::add(&self.stats.rx_unknown_qpn, 1);
                 }
-            };
-            let tha = if a.tha.is_zero() {
-                Mac::ZERO
-            } else if a.tha.gid == cx.own_hw.gid {
-                cx.own_mac
-            } else {
-                mac_for_gid(&a.tha.gid)
-            };
-            let dst = if a.op == arp::OP_REQUEST {
-                Mac::BROADCAST
-            } else {
-                cx.own_mac
-            };
-            let e = EthArp {
-                op: a.op,
-                sha: src_mac,
-                spa: a.spa,
-                tha,
-                tpa: a.tpa,
-            };
-            let h = EthHeader {
-                dst,
-                src: src_mac,
-                ethertype: ETHERTYPE_ARP,
-            };
-            eth::emit_header(cx.frame, &h).map_err(|_| DropReason::RxShort)?;
-            let n = e
-                .emit(&mut cx.frame[eth::HEADER_LEN..])
-                .map_err(|_| DropReason::RxBadArp)?;
-            Ok(Some(eth::HEADER_LEN + n))
-        }
-        ETHERTYPE_IPV4 => {
-            let s = ipv4::parse_summary(payload).map_err(|_| DropReason::RxBadIpv4)?;
-            let payload = &payload[..s.total_len];
-            // Traffic refreshes a peer only from the QPN it is known at, and never moves it:
-            // any QP on the peer's host sends from the same GID.
-            if let Seen::OtherQpn { .. } = cx.neigh.seen(src_hw, cx.now) {
-                stats::add(&cx.stats.rx_unknown_qpn, 1);
             }
-            let src_mac = mac_for_gid(&g.sgid);
-            let via_group = g.dgid.is_multicast();
-            let dst = if s.dst.is_multicast() {
-                multicast_mac(s.dst)
-            } else if via_group || s.dst.is_broadcast() || is_subnet_broadcast(&cx.addr, s.dst) {
-                Mac::BROADCAST
-            } else {
-                cx.own_mac
-            };
-            let total = eth::HEADER_LEN + payload.len();
-            if total > cx.frame.len() {
-                return Err(DropReason::RxShort);
-            }
-            let h = EthHeader {
-                dst,
-                src: src_mac,
-                ethertype: ETHERTYPE_IPV4,
-            };
-            eth::emit_header(cx.frame, &h).map_err(|_| DropReason::RxShort)?;
-            cx.frame[eth::HEADER_LEN..total].copy_from_slice(payload);
-            Ok(Some(total))
         }
-        _ => Err(DropReason::RxUnsupported),
+        match got.verdict {
+            RxVerdict::Deliver(n) => Ok(Some(n)),
+            RxVerdict::Consumed => Ok(None),
+            RxVerdict::Drop(why) => Err(rx_drop_reason(why)),
+        }
     }
 }
 
-/// QPNs no sender of IPoIB traffic can have: QP0 and QP1 (the management QPs) and the
-/// multicast QPN.
-pub(super) fn is_reserved_qpn(qpn: u32) -> bool {
-    qpn <= 1 || qpn == MULTICAST_QPN
-}
-
-pub(super) fn is_subnet_broadcast(net: &Ipv4Cidr, ip: Ipv4Addr) -> bool {
-    if net.prefix >= 31 {
-        return false;
+/// The counter a receive dropped by the translation goes to.
+fn rx_drop_reason(why: RxDrop) -> DropReason {
+    match why {
+        RxDrop::Short => DropReason::RxShort,
+        RxDrop::NoGrh => DropReason::RxNoGrh,
+        RxDrop::BadGrh => DropReason::RxBadGrh,
+        RxDrop::BadHeader => DropReason::RxBadHeader,
+        RxDrop::BadArp => DropReason::RxBadArp,
+        RxDrop::ArpSpoofed => DropReason::RxArpSpoofed,
+        RxDrop::ArpOffSubnet => DropReason::RxArpOffSubnet,
+        RxDrop::BadIpv4 => DropReason::RxBadIpv4,
+        RxDrop::Unsupported => DropReason::RxUnsupported,
     }
-    let host_mask = u32::MAX >> net.prefix;
-    net.contains(ip) && u32::from(ip) & host_mask == host_mask
 }

@@ -2,6 +2,10 @@
 //! send completions polled and their slots and address handles freed.
 
 use super::*;
+use crate::wire::translate::{self, Otherwise, Route, TxDrop};
+
+// The verbs layer and the codecs name the same multicast QPN.
+const _: () = assert!(MULTICAST_QPN == ipoib::MULTICAST_QPN);
 
 impl Interface {
     /// Reap send completions. Returns how many.
@@ -129,84 +133,37 @@ impl Interface {
 
     /// Translate the frame in `self.frame[..n]` into a send on the chain.
     pub(super) fn tx_frame(&mut self, n: usize, now: Instant) -> Result<(), DropReason> {
-        let (h, payload) = match eth::parse_frame(&self.frame[..n]) {
-            Ok(x) => x,
-            Err(WireError::Vlan) => return Err(DropReason::TxVlan),
-            Err(_) => return Err(DropReason::TxShort),
-        };
-        match h.ethertype {
-            ETHERTYPE_IPV4 => {
-                if payload.len() > self.mtu {
-                    return Err(DropReason::TxOversized);
+        let local = self.local();
+        let neigh = &self.neigh;
+        let plan = translate::plan_send(&self.frame[..n], &local, self.mtu, |mac| {
+            neigh.by_mac(mac).map(|p| p.hw)
+        })
+        .map_err(tx_drop_reason)?;
+        let dest = match plan.route {
+            Route::Group => self.group_dest(),
+            Route::Peer { mac, otherwise } => match (self.unicast_dest(&mac, now), otherwise) {
+                (Ok(d), _) => d,
+                (Err(_), Otherwise::Group) => self.group_dest(),
+                (Err(DropReason::TxNoNeighbour), Otherwise::Resolve(ip)) => {
+                    self.resolve(ip, now);
+                    return Err(DropReason::TxNoNeighbour);
                 }
-                let sum = ipv4::parse_summary(payload).map_err(|_| DropReason::TxBadIpv4)?;
-                let plen = payload.len();
-                let dest = if h.dst.is_multicast() {
-                    self.group_dest()
-                } else {
-                    match self.unicast_dest(&h.dst, now) {
-                        Ok(d) => d,
-                        Err(DropReason::TxNoNeighbour) => {
-                            self.resolve(sum.dst, now);
-                            return Err(DropReason::TxNoNeighbour);
-                        }
-                        Err(r) => return Err(r),
-                    }
-                };
-                let slot = self.ledger.reserve_send().ok_or(DropReason::TxPostFailed)?;
-                let sbuf = self.ep.send_buf(slot);
-                // The header cannot fail: the slot holds max_payload >= mtu + 4 bytes.
-                let _ = ipoib::emit_header(sbuf, ETHERTYPE_IPV4);
-                sbuf[ipoib::HEADER_LEN..ipoib::HEADER_LEN + plen]
-                    .copy_from_slice(&self.frame[eth::HEADER_LEN..eth::HEADER_LEN + plen]);
-                self.push_send(slot, plen, dest, false);
+                (Err(r), _) => return Err(r),
+            },
+        };
+        let slot = self.ledger.reserve_send().ok_or(DropReason::TxPostFailed)?;
+        // Split borrows: the send buffer lives in the endpoint, the frame in another field.
+        let sbuf = self.ep.send_buf(slot);
+        match plan.body.emit(&self.frame[..n], sbuf) {
+            Ok(len) => {
+                self.push_send(slot, len, dest, plan.body.is_arp());
                 Ok(())
             }
-            ETHERTYPE_ARP => {
-                let a = EthArp::parse(payload).map_err(|_| DropReason::TxBadArp)?;
-                self.tx_arp(&h, &a, now)
+            Err(why) => {
+                self.ledger.release(Ring::Send, slot);
+                Err(tx_drop_reason(why))
             }
-            ETHERTYPE_IPV6 => Err(DropReason::TxIpv6),
-            _ => Err(DropReason::TxUnsupported),
         }
-    }
-
-    pub(super) fn tx_arp(
-        &mut self,
-        h: &EthHeader,
-        a: &EthArp,
-        now: Instant,
-    ) -> Result<(), DropReason> {
-        let tha = if a.tha == self.own_mac {
-            self.own_hw
-        } else {
-            self.neigh
-                .by_mac(&a.tha)
-                .map(|p| p.hw)
-                .unwrap_or(IpoibAddr::ZERO)
-        };
-        if a.op == arp::OP_REPLY && tha.is_zero() {
-            return Err(DropReason::TxNoNeighbour);
-        }
-        let dest = if h.dst.is_multicast() {
-            self.group_dest()
-        } else {
-            match self.unicast_dest(&h.dst, now) {
-                Ok(d) => d,
-                // A unicast request (the kernel re-validating an entry) to a peer we
-                // lost: ask everyone instead.
-                Err(_) if a.op == arp::OP_REQUEST => self.group_dest(),
-                Err(r) => return Err(r),
-            }
-        };
-        let msg = IpoibArp {
-            op: a.op,
-            sha: self.own_hw,
-            spa: a.spa,
-            tha,
-            tpa: a.tpa,
-        };
-        self.push_arp(&msg, dest)
     }
 
     pub(super) fn push_arp(
@@ -215,17 +172,14 @@ impl Interface {
         dest: (Dest, Option<AhHandle>),
     ) -> Result<(), DropReason> {
         let slot = self.ledger.reserve_send().ok_or(DropReason::TxPostFailed)?;
-        let sbuf = self.ep.send_buf(slot);
-        let _ = ipoib::emit_header(sbuf, ETHERTYPE_ARP);
-        match msg.emit(&mut sbuf[ipoib::HEADER_LEN..]) {
+        match translate::emit_arp(msg, self.ep.send_buf(slot)) {
             Ok(n) => {
-                stats::add(&self.stats.arp_tx, 1);
                 self.push_send(slot, n, dest, true);
                 Ok(())
             }
-            Err(_) => {
+            Err(why) => {
                 self.ledger.release(Ring::Send, slot);
-                Err(DropReason::TxBadArp)
+                Err(tx_drop_reason(why))
             }
         }
     }
@@ -235,13 +189,7 @@ impl Interface {
         if !self.neigh.should_resolve(ip, now) || self.ledger.free_send() == 0 {
             return;
         }
-        let msg = IpoibArp {
-            op: arp::OP_REQUEST,
-            sha: self.own_hw,
-            spa: self.addr.addr,
-            tha: IpoibAddr::ZERO,
-            tpa: ip,
-        };
+        let msg = translate::arp_request(self.own_hw, self.addr.addr, ip);
         let dest = self.group_dest();
         if self.push_arp(&msg, dest).is_ok() {
             stats::add(&self.stats.neigh_resolves, 1);
@@ -250,13 +198,7 @@ impl Interface {
 
     /// Announce this interface's address (gratuitous ARP to the broadcast group).
     pub fn announce(&mut self, now: Instant) {
-        let msg = IpoibArp {
-            op: arp::OP_REQUEST,
-            sha: self.own_hw,
-            spa: self.addr.addr,
-            tha: IpoibAddr::ZERO,
-            tpa: self.addr.addr,
-        };
+        let msg = translate::arp_request(self.own_hw, self.addr.addr, self.addr.addr);
         let dest = self.group_dest();
         if let Err(r) = self.push_arp(&msg, dest) {
             self.stats.count_drop(r);
@@ -306,6 +248,8 @@ impl Interface {
         ))
     }
 
+    /// Queue slot `slot` (`payload` bytes behind the IPoIB header) on the chain; an ARP
+    /// is counted here.
     pub(super) fn push_send(
         &mut self,
         slot: u32,
@@ -313,6 +257,9 @@ impl Interface {
         dest: (Dest, Option<AhHandle>),
         arp: bool,
     ) {
+        if arp {
+            stats::add(&self.stats.arp_tx, 1);
+        }
         self.chain.push(SendWr {
             wr_id: self.ledger.wr_id(Ring::Send, slot),
             slot,
@@ -367,5 +314,19 @@ impl Interface {
         self.chain.clear();
         self.chain_meta.clear();
         self.sync_gauges();
+    }
+}
+
+/// The counter a frame dropped by the translation goes to.
+fn tx_drop_reason(why: TxDrop) -> DropReason {
+    match why {
+        TxDrop::Short => DropReason::TxShort,
+        TxDrop::Vlan => DropReason::TxVlan,
+        TxDrop::Ipv6 => DropReason::TxIpv6,
+        TxDrop::Unsupported => DropReason::TxUnsupported,
+        TxDrop::Oversized => DropReason::TxOversized,
+        TxDrop::BadIpv4 => DropReason::TxBadIpv4,
+        TxDrop::BadArp => DropReason::TxBadArp,
+        TxDrop::NoNeighbour => DropReason::TxNoNeighbour,
     }
 }

@@ -5,6 +5,11 @@
 //!
 //! With these, one TAP read carries up to 64 KiB of a TCP stream where it would carry
 //! one MTU, and the kernel's TCP stack handles one large packet instead of many.
+//!
+//! Both directions of a TAP with offloads are here, sans I/O: [`Segmenter`] turns what
+//! one read of the TAP returned into ordinary frames (cut), and [`Joiner`] joins received
+//! frames into super-frames for the TAP's writes (with a [`Coalescer`]). The TAP device
+//! and the test doubles only move bytes in and out of them.
 
 use super::ipv4::{self, fold, ones_sum as sum};
 use super::{ETHERTYPE_IPV4, WireError};
@@ -449,399 +454,173 @@ fn write_one(f: &[u8], sink: &mut dyn FrameSink) -> Result<(), Lost> {
         .map_err(|error| Lost { frames: 1, error })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
+/// The cut side of a TAP opened with offloads. One read of the TAP (a `virtio_net_hdr`
+/// and a frame) goes into [`Segmenter::read_buf`] and is taken with
+/// [`Segmenter::take`]: a frame that is not a super-frame comes out whole (its partial
+/// checksum completed); a TCP/IPv4 super-frame is planned and comes out one segment per
+/// call, the first from `take`, the others from [`Segmenter::next_segment`], which the
+/// caller asks before reading the TAP again.
+pub struct Segmenter {
+    buf: Vec<u8>,
+    /// Bytes of the last read that was planned as a super-frame.
+    len: usize,
+    /// The last plan and the segment to hand out next (`next == segments`: done).
+    plan: Option<Plan>,
+    next: usize,
+}
 
-    /// A TCP/IPv4 frame 198.18.1.2:40000 -> 198.18.1.1:5201 with `payload`, seq 1000,
-    /// flags `flags`, IPv4 id 77, and the checksums a TSO super-frame carries (IPv4
-    /// header checksum of the big packet; TCP: anything, segments recompute it).
-    fn tcp_frame(payload: &[u8], flags: u8, options: usize) -> Vec<u8> {
-        let tcp_hl = 20 + options;
-        let total = 20 + tcp_hl + payload.len();
-        let mut f = vec![0u8; 14 + total];
-        f[12..14].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
-        let ip = &mut f[14..34];
-        ip[0] = 0x45;
-        ip[2..4].copy_from_slice(&(total.min(65535) as u16).to_be_bytes());
-        ip[4..6].copy_from_slice(&77u16.to_be_bytes());
-        ip[6] = 0x40;
-        ip[8] = 64;
-        ip[9] = TCP;
-        ip[12..16].copy_from_slice(&[198, 18, 1, 2]);
-        ip[16..20].copy_from_slice(&[198, 18, 1, 1]);
-        let t = &mut f[34..34 + tcp_hl];
-        t[0..2].copy_from_slice(&40000u16.to_be_bytes());
-        t[2..4].copy_from_slice(&5201u16.to_be_bytes());
-        t[4..8].copy_from_slice(&1000u32.to_be_bytes());
-        t[8..12].copy_from_slice(&5u32.to_be_bytes());
-        t[12] = ((tcp_hl / 4) as u8) << 4;
-        t[13] = flags;
-        t[14..16].copy_from_slice(&512u16.to_be_bytes());
-        for (k, b) in t[20..].iter_mut().enumerate() {
-            *b = if k + 1 == options { 0 } else { 1 }; // NOPs, then EOL
-        }
-        f[14 + 20 + tcp_hl..].copy_from_slice(payload);
-        f
+/// What [`Segmenter::take`] made of one read.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Taken {
+    /// An ordinary frame of this many bytes.
+    Frame(usize),
+    /// A super-frame cut by `plan` (its segments still to come are handed out by
+    /// [`Segmenter::next_segment`]), and its first segment.
+    Cut {
+        /// How the super-frame is cut.
+        plan: Plan,
+        /// The first segment's length, or why it could not be cut (then nothing of the
+        /// super-frame is handed out).
+        first: Result<usize, WireError>,
+    },
+}
+
+impl Default for Segmenter {
+    fn default() -> Self {
+        Segmenter::new()
     }
+}
 
-    fn tso(mss: u16) -> VnetHdr {
-        VnetHdr {
-            flags: F_NEEDS_CSUM,
-            gso_type: GSO_TCPV4,
-            hdr_len: 54,
-            gso_size: mss,
-            csum_start: 34,
-            csum_offset: 16,
-        }
-    }
-
-    /// The TCP checksum of a whole segment verifies (sums to zero with the pseudo-header).
-    fn tcp_ok(f: &[u8]) -> bool {
-        let ip = &f[14..];
-        let hl = usize::from(ip[0] & 15) * 4;
-        let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
-        let mut s = sum(&ip[12..20], 0) + u64::from(TCP) + (total - hl) as u64;
-        s = sum(&ip[hl..total], s);
-        fold(s) == 0xffff
-    }
-
-    #[test]
-    fn the_header_round_trips() {
-        let h = tso(1448);
-        let mut b = [0u8; VNET_HDR_LEN];
-        h.emit(&mut b);
-        assert_eq!(VnetHdr::parse(&b).unwrap(), h);
-        assert!(VnetHdr::parse(&b[..9]).is_err());
-    }
-
-    #[test]
-    fn a_super_frame_becomes_segments_the_peer_accepts() {
-        let payload: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
-        let f = tcp_frame(&payload, TCP_PSH | 0x10 | TCP_CWR, 12);
-        let h = VnetHdr {
-            gso_type: GSO_TCPV4 | GSO_ECN,
-            ..tso(4000)
-        };
-        let p = plan(&f, &h).unwrap();
-        assert_eq!(
-            (p.segments, p.mss, p.payload, p.tcp_hl),
-            (3, 4000, 10_000, 32)
-        );
-        let mut out = vec![0u8; 9000];
-        let mut joined = Vec::new();
-        for i in 0..3 {
-            let n = segment(&f, &p, i, &mut out).unwrap();
-            let s = &out[..n];
-            assert_eq!(n, p.segment_len(i));
-            assert_eq!(n, 14 + 20 + 32 + [4000, 4000, 2000][i]);
-            // IPv4: total length, id + i, a valid header checksum.
-            let ip = &s[14..34];
-            assert_eq!(usize::from(u16::from_be_bytes([ip[2], ip[3]])), n - 14);
-            assert_eq!(u16::from_be_bytes([ip[4], ip[5]]), 77 + i as u16);
-            assert_eq!(ipv4::checksum(ip), 0, "segment {i}");
-            // TCP: seq advances by the MSS, flags, checksum.
-            let t = &s[34..];
-            assert_eq!(
-                u32::from_be_bytes([t[4], t[5], t[6], t[7]]),
-                1000 + 4000 * i as u32
-            );
-            assert_eq!(t[13] & TCP_PSH != 0, i == 2, "PSH on the last only");
-            assert_eq!(t[13] & TCP_CWR != 0, i == 0, "CWR on the first only");
-            assert!(t[13] & 0x10 != 0, "ACK on all");
-            assert!(tcp_ok(s), "segment {i} TCP checksum");
-            // The options travel with every segment.
-            assert_eq!(&s[54..66], &f[54..66]);
-            joined.extend_from_slice(&s[66..]);
-        }
-        assert_eq!(joined, payload);
-        assert!(segment(&f, &p, 3, &mut out).is_err());
-        assert!(segment(&f, &p, 0, &mut out[..100]).is_err());
-    }
-
-    #[test]
-    fn fin_goes_on_the_last_segment_only() {
-        let f = tcp_frame(&[9u8; 3000], TCP_FIN | 0x10, 0);
-        let p = plan(&f, &tso(1000)).unwrap();
-        let mut out = vec![0u8; 2000];
-        for i in 0..p.segments {
-            let n = segment(&f, &p, i, &mut out).unwrap();
-            assert_eq!(out[47] & TCP_FIN != 0, i + 1 == p.segments);
-            assert!(tcp_ok(&out[..n]));
+impl Segmenter {
+    /// A segmenter with room for the largest read (allocated here, once).
+    pub fn new() -> Segmenter {
+        Segmenter {
+            buf: vec![0; VNET_HDR_LEN + MAX_SUPER_FRAME],
+            len: 0,
+            plan: None,
+            next: 0,
         }
     }
 
-    #[test]
-    fn a_frame_without_payload_is_one_segment() {
-        let f = tcp_frame(&[], 0x10, 0);
-        let p = plan(&f, &tso(1000)).unwrap();
-        assert_eq!(p.segments, 1);
-        let mut out = vec![0u8; 100];
-        let n = segment(&f, &p, 0, &mut out).unwrap();
-        assert_eq!(n, 54);
-        assert!(tcp_ok(&out[..n]));
+    /// Whether segments of a super-frame are still to be handed out.
+    pub fn pending(&self) -> bool {
+        self.plan.is_some_and(|p| self.next < p.segments)
     }
 
-    #[test]
-    fn what_is_not_tcp_over_ipv4_is_refused() {
-        let mut f = tcp_frame(&[1; 100], 0x10, 0);
-        assert!(plan(&f, &tso(0)).is_err(), "gso_size 0");
-        f[23] = 17; // UDP
-        assert!(plan(&f, &tso(50)).is_err());
-        let mut f = tcp_frame(&[1; 100], 0x10, 0);
-        f[12] = 0x86;
-        f[13] = 0xdd;
-        assert!(plan(&f, &tso(50)).is_err());
-        let f = tcp_frame(&[1; 100], 0x10, 0);
-        assert!(plan(&f[..40], &tso(50)).is_err());
-        let mut f = tcp_frame(&[1; 100], 0x10, 0);
-        f[14 + 20 + 12] = 0xf0; // TCP header of 60 bytes in a 54-byte frame... of 154
-        let mut g = f.clone();
-        g.truncate(14 + 20 + 40);
-        assert!(plan(&g, &tso(50)).is_err());
+    /// Where the next read of the TAP goes: header and frame.
+    pub fn read_buf(&mut self) -> &mut [u8] {
+        &mut self.buf
     }
 
-    #[test]
-    fn a_partial_checksum_is_completed() {
-        let mut f = tcp_frame(&[5u8; 301], 0x18, 0);
-        // What the kernel leaves with CHECKSUM_PARTIAL: the pseudo-header sum, not
-        // complemented, in the TCP checksum field.
-        let tcp_len = (20 + 301) as u64;
-        let ps = fold(sum(&f[26..34], 0) + u64::from(TCP) + tcp_len);
-        f[50..52].copy_from_slice(&ps.to_be_bytes());
-        finish_checksum(&mut f, 34, 16).unwrap();
-        assert!(tcp_ok(&f));
-        assert!(finish_checksum(&mut f, 34, 400).is_err());
-        assert!(finish_checksum(&mut f, usize::MAX, 16).is_err());
+    /// The super-frame of the last [`Taken::Cut`] (without its header).
+    pub fn super_frame(&self) -> &[u8] {
+        &self.buf[VNET_HDR_LEN..self.len]
     }
 
-    /// What a coalescer wrote: (header, frame) per write; fails writes when `fail`.
-    #[derive(Default)]
-    struct Rec {
-        out: Vec<(VnetHdr, Vec<u8>)>,
-        fail: bool,
+    /// The next segment of the super-frame being cut, written to `out`: its plan, its
+    /// index and its length (or why it could not be cut); `None` when none is left.
+    pub fn next_segment(
+        &mut self,
+        out: &mut [u8],
+    ) -> Option<(Plan, usize, Result<usize, WireError>)> {
+        let p = self.plan.filter(|p| self.next < p.segments)?;
+        let i = self.next;
+        self.next += 1;
+        Some((p, i, segment(self.super_frame(), &p, i, out)))
     }
 
-    impl FrameSink for Rec {
-        fn write(&mut self, hdr: &[u8; VNET_HDR_LEN], frame: &[u8]) -> std::io::Result<()> {
-            if self.fail {
-                return Err(std::io::Error::other("queue full"));
-            }
-            self.out
-                .push((VnetHdr::parse(hdr).unwrap(), frame.to_vec()));
-            Ok(())
-        }
-    }
-
-    /// The segments of a stream of `payload` cut at `mss` (valid checksums, DF).
-    fn segments(payload: &[u8], mss: u16, flags: u8) -> Vec<Vec<u8>> {
-        let f = tcp_frame(payload, flags, 12);
-        let p = plan(&f, &tso(mss)).unwrap();
-        let mut out = vec![0u8; 70_000];
-        (0..p.segments)
-            .map(|i| {
-                let n = segment(&f, &p, i, &mut out).unwrap();
-                out[..n].to_vec()
-            })
-            .collect()
-    }
-
-    /// Complete a coalesced frame's partial checksum and check it.
-    fn complete_ok(hdr: &VnetHdr, f: &[u8]) -> bool {
-        let mut f = f.to_vec();
-        finish_checksum(&mut f, hdr.csum_start.into(), hdr.csum_offset.into()).unwrap();
-        tcp_ok(&f) && ipv4::checksum(&f[14..34]) == 0
-    }
-
-    #[test]
-    fn consecutive_segments_are_joined_into_one_super_frame() {
-        let payload: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
-        let segs = segments(&payload, 4000, 0x18); // ACK|PSH: PSH lands on the last
-        let mut c = Coalescer::new();
-        let mut rec = Rec::default();
-        for s in &segs {
-            c.push(s, &mut rec).unwrap();
-        }
-        assert!(rec.out.is_empty(), "held until the flush");
-        assert_eq!(c.pending(), 3);
-        c.flush(&mut rec).unwrap();
-        assert_eq!(rec.out.len(), 1);
-        let (h, f) = &rec.out[0];
-        assert_eq!(
-            (h.gso_type, h.gso_size, h.flags),
-            (GSO_TCPV4, 4000, F_NEEDS_CSUM)
-        );
-        assert_eq!((h.csum_start, h.csum_offset, h.hdr_len), (34, 16, 66));
-        assert_eq!(f.len(), 14 + 20 + 32 + 10_000);
-        assert_eq!(&f[66..], &payload[..]);
-        assert_eq!(
-            usize::from(u16::from_be_bytes([f[16], f[17]])),
-            f.len() - 14
-        );
-        assert_eq!(u32::from_be_bytes([f[38], f[39], f[40], f[41]]), 1000);
-        assert!(f[47] & TCP_PSH != 0, "the last segment's PSH is kept");
-        assert!(complete_ok(h, f));
-        // Cutting it again gives back the very segments that came in.
-        let p = plan(f, h).unwrap();
-        let mut out = vec![0u8; 5000];
-        for (i, s) in segs.iter().enumerate() {
-            let n = segment(f, &p, i, &mut out).unwrap();
-            assert_eq!(&out[..n], &s[..], "segment {i}");
-        }
-        assert_eq!(c.coalesced, (1, 3));
-    }
-
-    #[test]
-    fn a_single_segment_goes_out_untouched() {
-        let segs = segments(&[7u8; 500], 1000, 0x10);
-        let mut c = Coalescer::new();
-        let mut rec = Rec::default();
-        c.push(&segs[0], &mut rec).unwrap();
-        c.flush(&mut rec).unwrap();
-        assert_eq!(rec.out, vec![(VnetHdr::default(), segs[0].clone())]);
-        c.flush(&mut rec).unwrap();
-        assert_eq!(rec.out.len(), 1, "nothing left");
-    }
-
-    #[test]
-    fn anything_that_does_not_follow_breaks_the_run_in_order() {
-        let segs = segments(&[1u8; 8000], 2000, 0x10);
-        let mut c = Coalescer::new();
-        let mut rec = Rec::default();
-        // A gap (segment 2 missing), a frame that is not TCP, a bad checksum.
-        c.push(&segs[0], &mut rec).unwrap();
-        c.push(&segs[1], &mut rec).unwrap();
-        c.push(&segs[3], &mut rec).unwrap(); // gap: flushes 0+1, starts a new run
-        let arp = vec![0xffu8; 60];
-        c.push(&arp, &mut rec).unwrap(); // not TCP: flushes, then goes out itself
-        let mut bad = segs[2].clone();
-        let last = bad.len() - 1;
-        bad[last] ^= 0x55;
-        c.push(&bad, &mut rec).unwrap(); // bad checksum: alone, for the kernel to drop
-        c.flush(&mut rec).unwrap();
-        let lens: Vec<usize> = rec.out.iter().map(|(_, f)| f.len()).collect();
-        assert_eq!(lens, vec![66 + 4000, segs[3].len(), 60, bad.len()]);
-        assert_eq!(rec.out[0].0.gso_type, GSO_TCPV4);
-        assert_eq!(rec.out[1].0, VnetHdr::default());
-        assert_eq!(rec.out[3], (VnetHdr::default(), bad));
-    }
-
-    #[test]
-    fn a_short_or_pushed_segment_ends_a_run() {
-        // 2000, 2000, 1000 (short): then a new stream position cannot join.
-        let segs = segments(&[3u8; 5000], 2000, 0x10);
-        let more = segments(&[4u8; 2000], 2000, 0x10);
-        let mut c = Coalescer::new();
-        let mut rec = Rec::default();
-        for s in &segs {
-            c.push(s, &mut rec).unwrap();
-        }
-        c.push(&more[0], &mut rec).unwrap();
-        c.flush(&mut rec).unwrap();
-        assert_eq!(rec.out.len(), 2);
-        assert_eq!(rec.out[0].1.len(), 66 + 5000);
-        // Different options (a new timestamp) do not join either.
-        let mut c = Coalescer::new();
-        let mut rec = Rec::default();
-        let mut other = segs[1].clone();
-        other[60] = 2; // an option byte
-        let c0 = u16::from_be_bytes([other[50], other[51]]);
-        other[50..52].copy_from_slice(&(!fold(u64::from(!c0) + 0xfffe)).to_be_bytes());
-        c.push(&segs[0], &mut rec).unwrap();
-        c.push(&other, &mut rec).unwrap();
-        c.flush(&mut rec).unwrap();
-        assert_eq!(
-            rec.out.len(),
-            2,
-            "{:?}",
-            rec.out.iter().map(|o| o.1.len()).collect::<Vec<_>>()
-        );
-    }
-
-    #[test]
-    fn a_failed_write_reports_every_frame_in_it() {
-        let segs = segments(&[5u8; 6000], 2000, 0x10);
-        let mut c = Coalescer::new();
-        let mut rec = Rec::default();
-        for s in &segs {
-            c.push(s, &mut rec).unwrap();
-        }
-        rec.fail = true;
-        let lost = c.flush(&mut rec).unwrap_err();
-        assert_eq!(lost.frames, 3);
-        assert_eq!(c.pending(), 0, "nothing is retried later");
-        let lost = c.push(&[0u8; 60], &mut rec).unwrap_err();
-        assert_eq!(lost.frames, 1);
-    }
-
-    proptest! {
-        #[test]
-        fn segments_rebuild_the_stream(
-            payload in proptest::collection::vec(any::<u8>(), 0..9000),
-            mss in 1u16..3000,
-            options in 0usize..10,
-        ) {
-            let f = tcp_frame(&payload, 0x18, options * 4);
-            let p = plan(&f, &tso(mss)).unwrap();
-            let mut out = vec![0u8; 4000];
-            let mut joined = Vec::new();
-            for i in 0..p.segments {
-                let n = segment(&f, &p, i, &mut out).unwrap();
-                prop_assert!(n - p.headers() <= usize::from(mss));
-                prop_assert!(tcp_ok(&out[..n]));
-                prop_assert_eq!(ipv4::checksum(&out[14..14 + p.ip_hl]), 0);
-                joined.extend_from_slice(&out[p.headers()..n]);
-            }
-            prop_assert_eq!(joined, payload);
-        }
-
-        #[test]
-        fn coalescing_keeps_every_byte_in_order(
-            payload in proptest::collection::vec(any::<u8>(), 1..20_000),
-            mss in 500u16..4000,
-            flush_every in 1usize..20,
-        ) {
-            let segs = segments(&payload, mss, 0x10);
-            let mut c = Coalescer::new();
-            let mut rec = Rec::default();
-            for (i, s) in segs.iter().enumerate() {
-                c.push(s, &mut rec).unwrap();
-                if (i + 1) % flush_every == 0 {
-                    c.flush(&mut rec).unwrap();
+    /// Take the `n` bytes a read left in [`Segmenter::read_buf`] and write the frame it
+    /// holds (or the first segment of its super-frame) to `out`. A header that does not
+    /// parse, a checksum position outside the frame, a segmentation type other than
+    /// TCP/IPv4 or a frame longer than `out` is an error and hands out nothing.
+    pub fn take(&mut self, n: usize, out: &mut [u8]) -> Result<Taken, WireError> {
+        self.plan = None;
+        let n = n.min(self.buf.len());
+        let hdr = VnetHdr::parse(&self.buf[..n])?;
+        let frame = &mut self.buf[VNET_HDR_LEN..n];
+        match hdr.gso_type & !GSO_ECN {
+            GSO_NONE => {
+                if hdr.flags & F_NEEDS_CSUM != 0 {
+                    finish_checksum(
+                        frame,
+                        usize::from(hdr.csum_start),
+                        usize::from(hdr.csum_offset),
+                    )?;
                 }
+                let dst = out
+                    .get_mut(..frame.len())
+                    .ok_or(WireError::FrameTooLong(frame.len()))?;
+                dst.copy_from_slice(frame);
+                Ok(Taken::Frame(frame.len()))
             }
-            c.flush(&mut rec).unwrap();
-            let mut joined = Vec::new();
-            for (h, f) in &rec.out {
-                if h.gso_type == GSO_TCPV4 {
-                    prop_assert!(complete_ok(h, f));
-                } else {
-                    prop_assert!(tcp_ok(f));
-                }
-                joined.extend_from_slice(&f[66..]);
+            GSO_TCPV4 => {
+                let p = plan(frame, &hdr)?;
+                self.len = n;
+                let first = segment(self.super_frame(), &p, 0, out);
+                // A first segment that cannot be cut ends the super-frame.
+                self.next = if first.is_ok() { 1 } else { p.segments };
+                self.plan = Some(p);
+                Ok(Taken::Cut { plan: p, first })
             }
-            prop_assert_eq!(joined, payload);
-        }
-
-        #[test]
-        fn arbitrary_bytes_never_panic(
-            frame in proptest::collection::vec(any::<u8>(), 0..300),
-            mss in 0u16..200,
-        ) {
-            if let Ok(p) = plan(&frame, &tso(mss)) {
-                let mut out = vec![0u8; 600];
-                for i in 0..p.segments.min(8) {
-                    let _ = segment(&frame, &p, i, &mut out);
-                }
-            }
-            let mut f = frame.clone();
-            let _ = finish_checksum(&mut f, 14, 6);
-            let mut c = Coalescer::new();
-            let mut rec = Rec::default();
-            let _ = c.push(&frame, &mut rec);
-            let _ = c.push(&frame, &mut rec);
-            let _ = c.flush(&mut rec);
+            _ => Err(WireError::BadOffload(
+                "a segmentation type other than TCP/IPv4",
+            )),
         }
     }
 }
+
+/// The join side of a TAP opened with offloads: frames for the TAP go through a
+/// [`Coalescer`] into a [`FrameSink`]; frames that could not be written are remembered
+/// until the next [`Joiner::flush`], which reports them with the joining done since.
+#[derive(Default)]
+pub struct Joiner {
+    coalescer: Coalescer,
+    lost: usize,
+    /// What `coalescer.coalesced` was at the last flush.
+    reported: (u64, u64),
+}
+
+/// What a [`Joiner::flush`] reports since the one before.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Flushed {
+    /// Frames taken by [`Joiner::push`] that then could not be written.
+    pub lost: usize,
+    /// Super-frames written, and the frames joined into them.
+    pub joined: (u64, u64),
+}
+
+impl Joiner {
+    /// An empty joiner.
+    pub fn new() -> Joiner {
+        Joiner::default()
+    }
+
+    /// Take one frame for the TAP (written at once, or held back to be joined). Frames
+    /// the sink refused are counted for the next flush and returned.
+    pub fn push(&mut self, frame: &[u8], sink: &mut dyn FrameSink) -> Result<(), Lost> {
+        self.coalescer.push(frame, sink).inspect_err(|lost| {
+            self.lost += lost.frames;
+        })
+    }
+
+    /// Write what is held back; report what was lost and joined since the last flush.
+    pub fn flush(&mut self, sink: &mut dyn FrameSink) -> Flushed {
+        if let Err(lost) = self.coalescer.flush(sink) {
+            self.lost += lost.frames;
+        }
+        let (now, before) = (self.coalescer.coalesced, self.reported);
+        self.reported = now;
+        Flushed {
+            lost: std::mem::take(&mut self.lost),
+            joined: (now.0 - before.0, now.1 - before.1),
+        }
+    }
+
+    /// Super-frames written so far, and the frames joined into them.
+    pub fn coalesced(&self) -> (u64, u64) {
+        self.coalescer.coalesced
+    }
+}
+
+#[cfg(test)]
+mod tests;
