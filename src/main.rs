@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 use uipoib::iface::stats::Snapshot;
-use uipoib::runtime::config::{Config, ConfigError, FileConfig};
+use uipoib::runtime::config::{Config, ConfigError, ConfigKeys};
 use uipoib::runtime::control;
 use uipoib::runtime::daemon::{self, Spec};
 use uipoib::runtime::supervisor::Status;
@@ -406,8 +406,8 @@ fn parse_u32(s: &str) -> Result<u32, String> {
 }
 
 impl TuneArgs {
-    fn apply(&self, f: FileConfig) -> FileConfig {
-        FileConfig {
+    fn apply(&self, f: ConfigKeys) -> ConfigKeys {
+        ConfigKeys {
             mtu: self.mtu,
             budget: self.budget,
             recv_ring: self.recv_ring,
@@ -425,10 +425,10 @@ impl TuneArgs {
 
 fn up_config(a: &UpArgs) -> Result<Config, ConfigError> {
     let file = match &a.config {
-        Some(p) => FileConfig::load(p)?,
-        None => FileConfig::default(),
+        Some(p) => ConfigKeys::load(p)?,
+        None => ConfigKeys::default(),
     };
-    let flags = FileConfig {
+    let flags = ConfigKeys {
         device: a.device.clone(),
         tap: a.tap.clone(),
         addr: a.addr.clone(),
@@ -438,7 +438,7 @@ fn up_config(a: &UpArgs) -> Result<Config, ConfigError> {
         allow_faults: a.allow_faults.then_some(true),
         ..Default::default()
     };
-    Config::from_file_config(a.tune.apply(flags.or(file)))
+    Config::from_keys(a.tune.apply(flags.or(file)))
 }
 
 fn print_outcome(o: &daemon::Outcome) {
@@ -700,7 +700,7 @@ fn sim_pair(a: SimPairArgs) -> ExitCode {
         ("sim0", &a.tap_a, &a.addr_a, &a.netns_a, &a.control_a),
         ("sim1", &a.tap_b, &a.addr_b, &a.netns_b, &a.control_b),
     ] {
-        let f = FileConfig {
+        let f = ConfigKeys {
             device: Some(dev.into()),
             tap: Some(tap.clone()),
             addr: Some(addr.clone()),
@@ -708,7 +708,7 @@ fn sim_pair(a: SimPairArgs) -> ExitCode {
             allow_faults: Some(a.allow_faults),
             ..Default::default()
         };
-        match Config::from_file_config(a.tune.apply(f)) {
+        match Config::from_keys(a.tune.apply(f)) {
             Ok(config) => specs.push(Spec {
                 config,
                 netns: Some(ns.clone()),

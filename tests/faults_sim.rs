@@ -20,8 +20,8 @@ use common::{FakeTap, arp_reply, ipv4_frame, params};
 use serde_json::json;
 use uipoib::iface::napi::TxGate;
 use uipoib::iface::stats::{self, DropReason, Snapshot, Stats};
-use uipoib::iface::{FLUSH_DEADLINE, Failure, Interface, Params};
-use uipoib::runtime::config::RestartPolicy;
+use uipoib::iface::{FLUSH_DEADLINE, Failure, Interface, IfaceConfig};
+use uipoib::iface::recovery::Policy;
 use uipoib::runtime::control::{self, ControlError, ControlServer};
 use uipoib::runtime::supervisor::Close;
 use uipoib::runtime::supervisor::{RestartRecord, Status};
@@ -34,12 +34,12 @@ use uipoib::wire::eth::{self, Mac};
 use uipoib::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4};
 
 /// Restart policy for these tests: no breaker trips, short backoff.
-fn policy() -> RestartPolicy {
-    RestartPolicy {
+fn policy() -> Policy {
+    Policy {
         max_restarts: 100,
         backoff_initial: Duration::from_millis(1),
         backoff_max: Duration::from_millis(5),
-        ..RestartPolicy::default()
+        ..Policy::default()
     }
 }
 
@@ -554,7 +554,7 @@ fn inject_and_clear_over_the_control_socket() {
         &path,
         a.stats.clone(),
         a.status.clone(),
-        Some(a.sup().commands()),
+        Some(a.sup().orders()),
         Some(switch.clone()),
     )
     .unwrap();
@@ -625,7 +625,7 @@ struct Node {
     peer_ip: Ipv4Addr,
     provider: Arc<dyn Provider>,
     switch: Arc<FaultSwitch>,
-    params: Params,
+    params: IfaceConfig,
     stats: Arc<Stats>,
     iface: Option<Interface>,
     epoch: u16,

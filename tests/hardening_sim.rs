@@ -21,7 +21,8 @@ use common::{FakeTap, fabric, introduce, ipv4_frame, open};
 use uipoib::iface::napi::TxGate;
 use uipoib::iface::stats::DropReason;
 use uipoib::iface::{FLUSH_DEADLINE, Interface};
-use uipoib::runtime::config::{DEFAULT_QKEY, RestartPolicy};
+use uipoib::iface::recovery::Policy;
+use uipoib::runtime::config::DEFAULT_QKEY;
 use uipoib::runtime::supervisor::Close;
 use uipoib::verbs::fault::FaultyProvider;
 use uipoib::verbs::fault::{Fault, FaultSpec};
@@ -80,7 +81,7 @@ fn send_b_to_a(a: &Interface, b: &mut Interface, tb: &FakeTap, n: usize) {
 
 #[test]
 fn a_failed_poll_is_never_followed_by_a_poll_through_the_whole_restart() {
-    let policy = RestartPolicy {
+    let policy = Policy {
         max_restarts: 4,
         window: Duration::from_secs(60),
         backoff_initial: Duration::from_millis(1),

@@ -13,7 +13,7 @@ use common::sup::{A_IP, B_IP, flows, pair};
 use common::{fabric, params};
 use uipoib::iface::stats::Stats;
 use uipoib::iface::{FLUSH_DEADLINE, Interface};
-use uipoib::runtime::config::RestartPolicy;
+use uipoib::iface::recovery::Policy;
 use uipoib::runtime::supervisor::Close;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -138,11 +138,11 @@ fn ten_thousand_renewals_reuse_the_endpoint_and_leak_nothing() {
 #[test]
 fn supervised_restarts_leak_no_threads_or_fds() {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let (_sim, _switch, a, b) = pair(RestartPolicy {
+    let (_sim, _switch, a, b) = pair(Policy {
         max_restarts: 1_000_000,
         backoff_initial: Duration::from_millis(1),
         backoff_max: Duration::from_millis(1),
-        ..RestartPolicy::default()
+        ..Policy::default()
     });
     let threads = || {
         std::fs::read_to_string("/proc/self/status")

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::ipv4_frame;
 use common::sup::{A_IP, B_IP, Side, flows, introduce, pair, pair_with_grace};
 use uipoib::iface::stats;
-use uipoib::runtime::config::RestartPolicy;
+use uipoib::iface::recovery::Policy;
 use uipoib::verbs::AsyncEvent;
 
 /// Make A's poller poll (B sends it a frame).
@@ -38,7 +38,7 @@ fn stays(side: &Side, state: &str, restarts: u64, d: Duration) {
 
 #[test]
 fn an_event_for_a_retired_or_spare_object_is_counted_not_a_restart() {
-    let (_sim, switch, a, b) = pair(RestartPolicy::default());
+    let (_sim, switch, a, b) = pair(Policy::default());
     a.sup().restart();
     a.wait_state("running", 1);
     // A QP_FATAL (1) and a CQ_ERR (0) for objects that are not the live ones.
@@ -61,7 +61,7 @@ fn an_event_for_a_retired_or_spare_object_is_counted_not_a_restart() {
 
 #[test]
 fn a_gid_change_restarts_only_when_our_gid_changed() {
-    let (sim, switch, a, b) = pair(RestartPolicy::default());
+    let (sim, switch, a, b) = pair(Policy::default());
     let before = a.status();
     // Another GID of the table changed (ours did not): nothing happens.
     switch.inject_async(AsyncEvent::GidChange);
@@ -85,7 +85,7 @@ fn a_gid_change_restarts_only_when_our_gid_changed() {
 
 #[test]
 fn a_panicking_poller_is_a_restart_from_scratch_with_the_ledger_lost() {
-    let (_sim, switch, a, b) = pair(RestartPolicy::default());
+    let (_sim, switch, a, b) = pair(Policy::default());
     let (opens, renewals) = (switch.opens(), switch.renewals());
     switch.panic_next_poll();
     poke(&a, &b);
@@ -115,7 +115,7 @@ fn a_panicking_poller_is_a_restart_from_scratch_with_the_ledger_lost() {
 
 #[test]
 fn a_shutdown_ends_within_its_bound_when_the_poller_hangs() {
-    let (_sim, switch, mut a, b) = pair(RestartPolicy::default());
+    let (_sim, switch, mut a, b) = pair(Policy::default());
     switch.hang_polls(true);
     poke(&a, &b);
     // Let the poller get stuck in its poll.
@@ -134,10 +134,10 @@ fn a_shutdown_ends_within_its_bound_when_the_poller_hangs() {
 
 #[test]
 fn a_failed_poller_start_is_a_failed_attempt_not_a_shutdown() {
-    let (_sim, switch, a, b) = pair(RestartPolicy {
+    let (_sim, switch, a, b) = pair(Policy {
         backoff_initial: Duration::from_millis(5),
         backoff_max: Duration::from_millis(20),
-        ..RestartPolicy::default()
+        ..Policy::default()
     });
     switch.fail_registers(2);
     a.sup().restart();
@@ -155,7 +155,7 @@ fn a_failed_poller_start_is_a_failed_attempt_not_a_shutdown() {
 
 #[test]
 fn a_device_that_keeps_failing_without_going_away_stays_dead() {
-    let (_sim, switch, a, b) = pair(RestartPolicy {
+    let (_sim, switch, a, b) = pair(Policy {
         max_restarts: 2,
         window: Duration::from_secs(60),
         backoff_initial: Duration::from_millis(1),
@@ -184,7 +184,7 @@ fn a_device_that_keeps_failing_without_going_away_stays_dead() {
 #[test]
 fn replaced_qps_are_destroyed_after_their_grace_and_never_on_the_poller_thread() {
     let grace = Duration::from_millis(150);
-    let (sim, _switch, a, b) = pair_with_grace(RestartPolicy::default(), grace);
+    let (sim, _switch, a, b) = pair_with_grace(Policy::default(), grace);
     let mut replaced = Vec::new();
     for i in 1..=3 {
         replaced.push(a.status().qpn);
@@ -214,7 +214,7 @@ fn replaced_qps_are_destroyed_after_their_grace_and_never_on_the_poller_thread()
 #[test]
 fn a_shutdown_waits_out_the_replaced_qps_grace() {
     let grace = Duration::from_millis(600);
-    let (sim, _switch, a, b) = pair_with_grace(RestartPolicy::default(), grace);
+    let (sim, _switch, a, b) = pair_with_grace(Policy::default(), grace);
     let replaced = a.status().qpn;
     a.sup().restart();
     a.wait_state("running", 1);
@@ -230,9 +230,9 @@ fn a_shutdown_waits_out_the_replaced_qps_grace() {
 
 #[test]
 fn every_cause_recovers_with_traffic_and_a_balanced_ledger() {
-    let (sim, switch, a, b) = pair(RestartPolicy {
+    let (sim, switch, a, b) = pair(Policy {
         max_restarts: 100,
-        ..RestartPolicy::default()
+        ..Policy::default()
     });
     let causes: [(&str, &str); 8] = [
         ("poll", "poll-failed"),
@@ -328,7 +328,7 @@ fn every_cause_recovers_with_traffic_and_a_balanced_ledger() {
 
 #[test]
 fn a_peer_restart_is_followed_without_operator_action() {
-    let (_sim, _switch, a, b) = pair(RestartPolicy::default());
+    let (_sim, _switch, a, b) = pair(Policy::default());
     let qpn_before = a.status().qpn;
     a.sup().restart();
     let s = a.wait_state("running", 1);
@@ -342,7 +342,7 @@ fn a_peer_restart_is_followed_without_operator_action() {
 
 #[test]
 fn circuit_breaker_declares_dead_and_operator_revives() {
-    let (_sim, _switch, a, b) = pair(RestartPolicy {
+    let (_sim, _switch, a, b) = pair(Policy {
         max_restarts: 3,
         window: Duration::from_secs(60),
         backoff_initial: Duration::from_millis(1),
@@ -385,7 +385,7 @@ fn circuit_breaker_declares_dead_and_operator_revives() {
 
 #[test]
 fn a_device_back_with_another_gid_and_mtu_reconfigures_the_tap() {
-    let (sim, switch, a, b) = pair(RestartPolicy::default());
+    let (sim, switch, a, b) = pair(Policy::default());
     let before = a.status();
     switch.hide_device(true);
     switch.inject_async(AsyncEvent::DeviceRemoved);
@@ -414,7 +414,7 @@ fn a_port_changed_under_a_kept_endpoint_is_reopened_not_renewed() {
     // No device loss is reported, but the port's MTU and GID changed (a flap, a netdev
     // re-addressed): the renewal refuses, the supervisor opens the device again, and the
     // TAP follows, as after a removal.
-    let (sim, switch, a, b) = pair(RestartPolicy::default());
+    let (sim, switch, a, b) = pair(Policy::default());
     let (opens, renewals) = (switch.opens(), switch.renewals());
     sim.reconfigure_device("sim0", std::net::Ipv4Addr::new(198, 18, 0, 9), 2048)
         .unwrap();

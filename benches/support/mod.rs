@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use uipoib::iface::napi::TxGate;
 use uipoib::iface::stats::Stats;
-use uipoib::iface::{Interface, Params};
+use uipoib::iface::{Interface, IfaceConfig};
 use uipoib::runtime::config::{
     DEFAULT_BUDGET, DEFAULT_GROUP, DEFAULT_POLL_BATCH, DEFAULT_QKEY, DEFAULT_RECV_RING,
     DEFAULT_SEND_RING, DEFAULT_TX_BATCH,
@@ -121,8 +121,8 @@ pub const A_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 2, 1);
 pub const B_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 2, 2);
 
 /// The daemon's defaults (budget, rings, batches) on a simulated device.
-pub fn params(device: &str, addr: Ipv4Addr) -> Params {
-    Params {
+pub fn params(device: &str, addr: Ipv4Addr) -> IfaceConfig {
+    IfaceConfig {
         addr: Ipv4Cidr { addr, prefix: 24 },
         mtu: None,
         qkey: DEFAULT_QKEY,

@@ -1,11 +1,11 @@
-//! The config file parser and validation: `FileConfig::parse`, then
-//! `Config::from_file_config` on the keys alone and filled in with the required ones.
+//! The config file parser and validation: `ConfigKeys::parse`, then
+//! `Config::from_keys` on the keys alone and filled in with the required ones.
 //! Never a panic; a validated config keeps every documented bound, and the address and
 //! group survive printing and parsing again.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use uipoib::runtime::config::{Config, FileConfig, MAX_IPOIB_MTU, MIN_IPOIB_MTU, check_ifname};
+use uipoib::runtime::config::{Config, ConfigKeys, MAX_IPOIB_MTU, MIN_IPOIB_MTU, check_ifname};
 use uipoib::verbs::Gid;
 use uipoib::wire::ipv4::Ipv4Cidr;
 
@@ -31,7 +31,7 @@ fn check(c: &Config) {
     assert!(!c.neigh_max_age.is_zero());
     assert!(c.restart.backoff_initial <= c.restart.backoff_max);
     assert!(c.restart.max_restarts >= 1);
-    let p = c.interface_params();
+    let p = c.iface_config();
     assert_eq!(p.endpoint.recv_slots, c.recv_ring);
     assert_eq!(p.endpoint.max_payload, c.mtu.map(|m| m + 4));
 }
@@ -47,19 +47,19 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(g) = text.parse::<Gid>() {
         assert_eq!(g.to_string().parse::<Gid>(), Ok(g));
     }
-    let Ok(f) = FileConfig::parse(text) else {
+    let Ok(f) = ConfigKeys::parse(text) else {
         return;
     };
-    if let Ok(c) = Config::from_file_config(f.clone()) {
+    if let Ok(c) = Config::from_keys(f.clone()) {
         check(&c);
     }
-    let required = FileConfig {
+    let required = ConfigKeys {
         device: Some("rxe0".into()),
         tap: Some("uip0".into()),
         addr: Some("198.18.1.1/24".into()),
-        ..FileConfig::default()
+        ..ConfigKeys::default()
     };
-    if let Ok(c) = Config::from_file_config(f.or(required)) {
+    if let Ok(c) = Config::from_keys(f.or(required)) {
         check(&c);
     }
 });

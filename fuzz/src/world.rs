@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use uipoib::iface::napi::TxGate;
 use uipoib::iface::stats::{self, DropReason, Stats};
-use uipoib::iface::{Interface, Params};
+use uipoib::iface::{Interface, IfaceConfig};
 use uipoib::runtime::config::{DEFAULT_GROUP, DEFAULT_QKEY};
 use uipoib::runtime::supervisor::Close;
 use uipoib::verbs::sim::SimFabric;
@@ -116,8 +116,8 @@ impl Tally {
     }
 }
 
-fn params(device: &str, addr: Ipv4Addr, m: u8, tx_batch: u32) -> Params {
-    Params {
+fn params(device: &str, addr: Ipv4Addr, m: u8, tx_batch: u32) -> IfaceConfig {
+    IfaceConfig {
         addr: Ipv4Cidr { addr, prefix: 24 },
         mtu: None,
         qkey: DEFAULT_QKEY,

@@ -16,7 +16,7 @@ use crate::iface::stats::Stats;
 use crate::iface::{Interface, OpenError};
 use crate::runtime::config::Config;
 use crate::runtime::control::{ControlError, ControlServer};
-use crate::runtime::supervisor::{SHUTDOWN_BOUND, Setup, Status, Supervisor};
+use crate::runtime::supervisor::{SHUTDOWN_BOUND, Supervised, Status, Supervisor};
 use crate::tap::{Tap, TapDevice, TapError};
 use crate::verbs::Provider;
 use crate::verbs::fault::FaultyProvider;
@@ -173,7 +173,7 @@ fn start(spec: &Spec, provider: Arc<dyn Provider>) -> Result<Running, DaemonErro
     let faults = faulty.switch();
     let provider: Arc<dyn Provider> = Arc::new(faulty);
     let stats = Arc::new(Stats::default());
-    let params = c.interface_params();
+    let params = c.iface_config();
     let iface = Interface::open(provider.as_ref(), &params, stats.clone(), 1, &mut None).map_err(
         |source| DaemonError::Open {
             tap: c.tap.clone(),
@@ -193,7 +193,7 @@ fn start(spec: &Spec, provider: Arc<dyn Provider>) -> Result<Running, DaemonErro
     tracing::info!(tap = %c.tap, addr = %c.addr, mac = %iface.mac(), mtu = iface.mtu(), control = %c.control.display(), allow_faults = c.allow_faults, "interface up");
     let dev: Arc<dyn TapDevice> = tap.clone();
     let supervisor = Supervisor::spawn(
-        Setup {
+        Supervised {
             name: c.tap.clone(),
             params,
             policy: c.restart,
@@ -212,7 +212,7 @@ fn start(spec: &Spec, provider: Arc<dyn Provider>) -> Result<Running, DaemonErro
         &c.control,
         stats.clone(),
         status,
-        Some(supervisor.commands()),
+        Some(supervisor.orders()),
         c.allow_faults.then_some(faults),
     ) {
         Ok(c) => c,

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use uipoib::iface::napi::TxGate;
 use uipoib::iface::stats::Stats;
-use uipoib::iface::{Interface, Params};
+use uipoib::iface::{Interface, IfaceConfig};
 use uipoib::runtime::config::{DEFAULT_GROUP, DEFAULT_QKEY};
 use uipoib::tap::FrameIo;
 use uipoib::tap::TapDevice;
@@ -124,8 +124,8 @@ impl TapDevice for SockTap {
     }
 }
 
-pub fn params(device: &str, addr: &str, recv: u32, send: u32) -> Params {
-    Params {
+pub fn params(device: &str, addr: &str, recv: u32, send: u32) -> IfaceConfig {
+    IfaceConfig {
         addr: addr.parse::<Ipv4Cidr>().unwrap(),
         mtu: None,
         qkey: DEFAULT_QKEY,

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use super::{SockTap, arp_reply, arp_request, fabric, ipv4_frame, params};
 use uipoib::iface::Interface;
 use uipoib::iface::stats::Stats;
-use uipoib::runtime::config::RestartPolicy;
-use uipoib::runtime::supervisor::{Setup, Status, Supervisor};
+use uipoib::iface::recovery::Policy;
+use uipoib::runtime::supervisor::{Supervised, Status, Supervisor};
 use uipoib::tap::TapDevice;
 use uipoib::verbs::Provider;
 use uipoib::verbs::fault::{FaultSwitch, FaultyProvider};
@@ -55,7 +55,7 @@ impl Side {
     }
 }
 
-pub fn side(provider: Arc<dyn Provider>, dev: &str, addr: &str, policy: RestartPolicy) -> Side {
+pub fn side(provider: Arc<dyn Provider>, dev: &str, addr: &str, policy: Policy) -> Side {
     let mut p = params(dev, addr, 64, 32);
     p.tx_timeout = Duration::from_millis(300);
     let stats = Arc::new(Stats::default());
@@ -65,7 +65,7 @@ pub fn side(provider: Arc<dyn Provider>, dev: &str, addr: &str, policy: RestartP
     let status = Arc::new(Mutex::new(Status::default()));
     let dev_tap: Arc<dyn TapDevice> = tap.clone();
     let sup = Supervisor::spawn(
-        Setup {
+        Supervised {
             name: dev.into(),
             params: p,
             policy,
@@ -137,13 +137,13 @@ pub fn flows(from: &Side, from_ip: Ipv4Addr, to: &Side, to_ip: Ipv4Addr, tag: u3
     }
 }
 
-pub fn pair(policy: RestartPolicy) -> (Arc<SimFabric>, Arc<FaultSwitch>, Side, Side) {
+pub fn pair(policy: Policy) -> (Arc<SimFabric>, Arc<FaultSwitch>, Side, Side) {
     pair_with_grace(policy, Duration::ZERO)
 }
 
 /// Like [`pair`], on a fabric whose renewals keep the replaced QP for `grace`.
 pub fn pair_with_grace(
-    policy: RestartPolicy,
+    policy: Policy,
     grace: Duration,
 ) -> (Arc<SimFabric>, Arc<FaultSwitch>, Side, Side) {
     let sim = Arc::new(fabric(4096));

@@ -39,7 +39,7 @@ pub const FLUSH_DEADLINE: Duration = Duration::from_millis(200);
 
 /// What an interface needs to know besides its endpoint.
 #[derive(Clone, Debug)]
-pub struct Params {
+pub struct IfaceConfig {
     /// Interface address and subnet.
     pub addr: Ipv4Cidr,
     /// IPoIB MTU (IP packet size); `None`: the port's active MTU minus 4.
@@ -287,7 +287,7 @@ impl Interface {
     /// destroyed with that epoch's endpoint).
     pub fn open(
         provider: &dyn Provider,
-        p: &Params,
+        p: &IfaceConfig,
         stats: Arc<Stats>,
         epoch: u16,
         neigh: &mut Option<Neighbours>,
@@ -298,7 +298,7 @@ impl Interface {
     /// [`Interface::open`], its steps timed on `clock` ([`Interface::open_times`]).
     pub fn open_timed(
         provider: &dyn Provider,
-        p: &Params,
+        p: &IfaceConfig,
         stats: Arc<Stats>,
         epoch: u16,
         neigh: &mut Option<Neighbours>,
@@ -309,7 +309,7 @@ impl Interface {
 
     fn open_with(
         provider: &dyn Provider,
-        p: &Params,
+        p: &IfaceConfig,
         stats: Arc<Stats>,
         epoch: u16,
         neigh: &mut Option<Neighbours>,
@@ -328,7 +328,7 @@ impl Interface {
     /// is closed and the table forgets its AHs.
     pub fn reopen(
         kept: KeptEndpoint,
-        p: &Params,
+        p: &IfaceConfig,
         stats: Arc<Stats>,
         epoch: u16,
         neigh: &mut Option<Neighbours>,
@@ -339,7 +339,7 @@ impl Interface {
     /// [`Interface::reopen`], its steps timed on `clock` ([`Interface::open_times`]).
     pub fn reopen_timed(
         kept: KeptEndpoint,
-        p: &Params,
+        p: &IfaceConfig,
         stats: Arc<Stats>,
         epoch: u16,
         neigh: &mut Option<Neighbours>,
@@ -350,7 +350,7 @@ impl Interface {
 
     fn reopen_with(
         kept: KeptEndpoint,
-        p: &Params,
+        p: &IfaceConfig,
         stats: Arc<Stats>,
         epoch: u16,
         neigh: &mut Option<Neighbours>,
@@ -385,7 +385,7 @@ impl Interface {
         mut ep: Box<dyn Endpoint>,
         group_ah: Option<AhHandle>,
         opened: Duration,
-        p: &Params,
+        p: &IfaceConfig,
         stats: Arc<Stats>,
         epoch: u16,
         neigh: &mut Option<Neighbours>,

@@ -10,7 +10,7 @@ use super::ConfigError;
 /// The `[interface]` keys of a config file; every field is optional there.
 #[derive(Debug, Default, Deserialize, Clone)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct FileConfig {
+pub struct ConfigKeys {
     /// RDMA device name.
     pub device: Option<String>,
     /// Port number.
@@ -59,7 +59,7 @@ pub struct FileConfig {
     pub allow_faults: Option<bool>,
 }
 
-impl FileConfig {
+impl ConfigKeys {
     /// Read and parse a config file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -77,7 +77,7 @@ impl FileConfig {
         #[derive(Deserialize)]
         #[serde(deny_unknown_fields)]
         struct Wrapped {
-            interface: FileConfig,
+            interface: ConfigKeys,
         }
         let value: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
         if value.contains_key("interface") {
@@ -85,13 +85,13 @@ impl FileConfig {
                 .map(|w| w.interface)
                 .map_err(|e| e.to_string())
         } else {
-            toml::from_str::<FileConfig>(text).map_err(|e| e.to_string())
+            toml::from_str::<ConfigKeys>(text).map_err(|e| e.to_string())
         }
     }
 
     /// Fill every unset key of `self` from `other`.
-    pub fn or(self, other: FileConfig) -> FileConfig {
-        FileConfig {
+    pub fn or(self, other: ConfigKeys) -> ConfigKeys {
+        ConfigKeys {
             device: self.device.or(other.device),
             port: self.port.or(other.port),
             gid_index: self.gid_index.or(other.gid_index),

@@ -14,8 +14,8 @@ mod validate;
 use std::path::PathBuf;
 
 pub use defaults::*;
-pub use file::FileConfig;
-pub use validate::{Config, RestartPolicy, check_ifname};
+pub use file::ConfigKeys;
+pub use validate::{Config, check_ifname};
 
 /// A configuration problem, naming the key.
 #[derive(Debug, thiserror::Error)]

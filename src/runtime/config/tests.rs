@@ -5,8 +5,8 @@ use super::*;
 use crate::verbs::Gid;
 use crate::wire::ipv4::Ipv4Cidr;
 
-fn base() -> FileConfig {
-    FileConfig {
+fn base() -> ConfigKeys {
+    ConfigKeys {
         device: Some("rxe0".into()),
         tap: Some("uip0".into()),
         addr: Some("198.18.1.1/24".into()),
@@ -16,7 +16,7 @@ fn base() -> FileConfig {
 
 #[test]
 fn defaults_fill_in() {
-    let c = Config::from_file_config(base()).unwrap();
+    let c = Config::from_keys(base()).unwrap();
     assert_eq!(c.port, 1);
     assert_eq!(c.budget, DEFAULT_BUDGET);
     assert_eq!(c.control, PathBuf::from("/run/uipoib/uip0.sock"));
@@ -27,170 +27,170 @@ fn defaults_fill_in() {
 
 #[test]
 fn each_bad_value_names_its_key() {
-    let cases: Vec<(FileConfig, &str)> = vec![
+    let cases: Vec<(ConfigKeys, &str)> = vec![
         (
-            FileConfig {
+            ConfigKeys {
                 addr: Some("198.18.1.1".into()),
                 ..base()
             },
             "addr",
         ),
         (
-            FileConfig {
+            ConfigKeys {
                 addr: Some("198.18.1.999/24".into()),
                 ..base()
             },
             "addr",
         ),
         (
-            FileConfig {
+            ConfigKeys {
                 addr: Some("198.18.1.1/33".into()),
                 ..base()
             },
             "addr",
         ),
         (
-            FileConfig {
+            ConfigKeys {
                 addr: Some("224.0.0.1/24".into()),
                 ..base()
             },
             "addr",
         ),
         (
-            FileConfig {
+            ConfigKeys {
                 addr: Some("198.18.1.1/31".into()),
                 ..base()
             },
             "addr",
         ),
         (
-            FileConfig {
+            ConfigKeys {
                 mtu: Some(9000),
                 ..base()
             },
             "mtu",
         ),
         (
-            FileConfig {
+            ConfigKeys {
                 mtu: Some(10),
                 ..base()
             },
             "mtu",
         ),
         (
-            FileConfig {
+            ConfigKeys {
                 budget: Some(0),
                 ..base()
             },
             "budget",
         ),
         (
-            FileConfig {
+            ConfigKeys {
                 budget: Some(100_000),
                 ..base()
             },
             "budget",
         ),
         (
-            FileConfig {
+            ConfigKeys {
                 recv_ring: Some(300),
                 ..base()
             },
             "recv-ring",
         ),
         (
-            FileConfig {
+            ConfigKeys {
                 send_ring: Some(1),
                 ..base()
             },
             "send-ring",
         ),
         (
-            FileConfig {
+            ConfigKeys {
                 port: Some(0),
                 ..base()
             },
             "port",
         ),
         (
-            FileConfig {
+            ConfigKeys {
                 qkey: Some(0x8000_0001),
                 ..base()
             },
             "qkey",
         ),
         (
-            FileConfig {
+            ConfigKeys {
                 group: Some("198.18.0.1".into()),
                 ..base()
             },
             "group",
         ),
         (
-            FileConfig {
+            ConfigKeys {
                 group: Some("nonsense".into()),
                 ..base()
             },
             "group",
         ),
         (
-            FileConfig {
+            ConfigKeys {
                 tap: Some("a/b".into()),
                 ..base()
             },
             "tap",
         ),
         (
-            FileConfig {
+            ConfigKeys {
                 tap: Some("waytoolonginterfacename".into()),
                 ..base()
             },
             "tap",
         ),
         (
-            FileConfig {
+            ConfigKeys {
                 tap: None,
                 ..base()
             },
             "tap",
         ),
         (
-            FileConfig {
+            ConfigKeys {
                 device: None,
                 ..base()
             },
             "device",
         ),
         (
-            FileConfig {
+            ConfigKeys {
                 neigh_max_age_secs: Some(0),
                 ..base()
             },
             "neigh-max-age-secs",
         ),
         (
-            FileConfig {
+            ConfigKeys {
                 tx_timeout_ms: Some(5),
                 ..base()
             },
             "tx-timeout-ms",
         ),
         (
-            FileConfig {
+            ConfigKeys {
                 restart_max: Some(0),
                 ..base()
             },
             "restart-max",
         ),
         (
-            FileConfig {
+            ConfigKeys {
                 restart_window_secs: Some(0),
                 ..base()
             },
             "restart-window-secs",
         ),
         (
-            FileConfig {
+            ConfigKeys {
                 backoff_initial_ms: Some(500),
                 backoff_max_ms: Some(100),
                 ..base()
@@ -199,7 +199,7 @@ fn each_bad_value_names_its_key() {
         ),
     ];
     for (cfg, key) in cases {
-        match Config::from_file_config(cfg.clone()) {
+        match Config::from_keys(cfg.clone()) {
             Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key, "{cfg:?}"),
             other => panic!("{cfg:?}: expected an error for {key}, got {other:?}"),
         }
@@ -208,33 +208,33 @@ fn each_bad_value_names_its_key() {
 
 #[test]
 fn file_keys_and_errors_with_location() {
-    let f = FileConfig::parse(
+    let f = ConfigKeys::parse(
         "[interface]\ndevice = \"rxe0\"\ntap = \"uip0\"\naddr = \"198.18.1.1/24\"\nbudget = 32\nrecv-ring = 1024\n",
     )
     .unwrap();
-    let c = Config::from_file_config(f).unwrap();
+    let c = Config::from_keys(f).unwrap();
     assert_eq!(c.budget, 32);
     assert_eq!(c.recv_ring, 1024);
 
-    let err = FileConfig::parse("device = \"rxe0\"\nbudgte = 3\n").unwrap_err();
+    let err = ConfigKeys::parse("device = \"rxe0\"\nbudgte = 3\n").unwrap_err();
     assert!(err.contains("budgte"), "{err}");
     assert!(err.contains("line 2"), "{err}");
-    let err = FileConfig::parse("budget = \"many\"\n").unwrap_err();
+    let err = ConfigKeys::parse("budget = \"many\"\n").unwrap_err();
     assert!(err.contains("budget"), "{err}");
 }
 
 #[test]
 fn flags_win_over_file() {
-    let flags = FileConfig {
+    let flags = ConfigKeys {
         budget: Some(8),
         ..Default::default()
     };
-    let file = FileConfig {
+    let file = ConfigKeys {
         budget: Some(32),
         qkey: Some(7),
         ..base()
     };
-    let c = Config::from_file_config(flags.or(file)).unwrap();
+    let c = Config::from_keys(flags.or(file)).unwrap();
     assert_eq!(c.budget, 8);
     assert_eq!(c.qkey, 7);
 }
@@ -242,7 +242,7 @@ fn flags_win_over_file() {
 #[test]
 fn shipped_example_config_is_valid() {
     let text = include_str!("../../../config/uipoib.toml");
-    let c = Config::from_file_config(FileConfig::parse(text).unwrap()).unwrap();
+    let c = Config::from_keys(ConfigKeys::parse(text).unwrap()).unwrap();
     assert_eq!(c.device, "rxe0");
     assert_eq!(c.qkey, DEFAULT_QKEY);
     assert_eq!(c.group, Gid::from_ipv4(DEFAULT_GROUP));
@@ -250,30 +250,30 @@ fn shipped_example_config_is_valid() {
 
 #[test]
 fn allow_faults_is_an_opt_in_bool() {
-    assert!(!Config::from_file_config(base()).unwrap().allow_faults);
+    assert!(!Config::from_keys(base()).unwrap().allow_faults);
     let text = "device = \"rxe0\"\ntap = \"uip0\"\naddr = \"198.18.1.1/24\"\n";
-    let on = FileConfig::parse(&format!("{text}allow-faults = true\n")).unwrap();
-    assert!(Config::from_file_config(on).unwrap().allow_faults);
-    let off = FileConfig::parse(&format!("{text}allow-faults = false\n")).unwrap();
-    assert!(!Config::from_file_config(off).unwrap().allow_faults);
+    let on = ConfigKeys::parse(&format!("{text}allow-faults = true\n")).unwrap();
+    assert!(Config::from_keys(on).unwrap().allow_faults);
+    let off = ConfigKeys::parse(&format!("{text}allow-faults = false\n")).unwrap();
+    assert!(!Config::from_keys(off).unwrap().allow_faults);
     for bad in ["allow-faults = \"yes\"", "allow-faults = 1"] {
-        let err = FileConfig::parse(&format!("{text}{bad}\n")).unwrap_err();
+        let err = ConfigKeys::parse(&format!("{text}{bad}\n")).unwrap_err();
         assert!(err.contains("allow-faults"), "{bad}: {err}");
         assert!(err.contains("bool"), "{bad}: {err}");
     }
-    let err = FileConfig::parse(&format!("{text}allow_faults = true\n")).unwrap_err();
+    let err = ConfigKeys::parse(&format!("{text}allow_faults = true\n")).unwrap_err();
     assert!(err.contains("allow_faults"), "{err}");
     // The flag (true) wins over a file's false.
-    let flags = FileConfig {
+    let flags = ConfigKeys {
         allow_faults: Some(true),
         ..Default::default()
     };
-    let file = FileConfig {
+    let file = ConfigKeys {
         allow_faults: Some(false),
         ..base()
     };
     assert!(
-        Config::from_file_config(flags.or(file))
+        Config::from_keys(flags.or(file))
             .unwrap()
             .allow_faults
     );

@@ -1,12 +1,13 @@
-//! Validation: a merged [`FileConfig`] becomes a [`Config`] whose every value is in range,
+//! Validation: a merged [`ConfigKeys`] becomes a [`Config`] whose every value is in range,
 //! or a [`ConfigError`] naming the key; and the interface parameters a `Config` yields.
 
 use std::path::PathBuf;
+use crate::iface::recovery::Policy;
 use std::time::Duration;
 
 use super::defaults::*;
-use super::{ConfigError, FileConfig};
-use crate::iface::Params;
+use super::{ConfigError, ConfigKeys};
+use crate::iface::IfaceConfig;
 use crate::verbs::{EndpointConfig, Gid};
 use crate::wire::ipoib;
 use crate::wire::ipv4::Ipv4Cidr;
@@ -51,28 +52,16 @@ pub struct Config {
     /// TAP checksum and TCP segmentation offload.
     pub tap_offload: bool,
     /// Restart policy.
-    pub restart: RestartPolicy,
+    pub restart: Policy,
     /// The control socket serves `inject`, `clear` and `faults` (off unless asked for:
     /// a fault breaks the interface on purpose).
     pub allow_faults: bool,
 }
 
-/// When and how often the supervisor restarts an interface.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RestartPolicy {
-    /// Restarts allowed within `window` before the interface is declared dead.
-    pub max_restarts: u32,
-    /// The circuit breaker's window.
-    pub window: Duration,
-    /// First backoff between consecutive failed attempts.
-    pub backoff_initial: Duration,
-    /// Longest backoff.
-    pub backoff_max: Duration,
-}
-
-impl Default for RestartPolicy {
+/// The restart policy's defaults ([`Policy`] lives with the restart machine).
+impl Default for Policy {
     fn default() -> Self {
-        RestartPolicy {
+        Policy {
             max_restarts: DEFAULT_RESTART_MAX,
             window: DEFAULT_RESTART_WINDOW,
             backoff_initial: DEFAULT_BACKOFF_INITIAL,
@@ -128,7 +117,7 @@ pub fn check_ifname(key: &'static str, name: &str) -> Result<(), ConfigError> {
 
 impl Config {
     /// Validate a merged set of keys.
-    pub fn from_file_config(f: FileConfig) -> Result<Config, ConfigError> {
+    pub fn from_keys(f: ConfigKeys) -> Result<Config, ConfigError> {
         let missing = |key| ConfigError::Invalid {
             key,
             why: "missing (give the flag or the config key)".into(),
@@ -289,7 +278,7 @@ impl Config {
             tx_timeout,
             tap_offload: f.tap_offload.unwrap_or(DEFAULT_TAP_OFFLOAD),
             allow_faults: f.allow_faults.unwrap_or(false),
-            restart: RestartPolicy {
+            restart: Policy {
                 max_restarts,
                 window: Duration::from_secs(window_s),
                 backoff_initial,
@@ -301,8 +290,8 @@ impl Config {
 
 impl Config {
     /// Parameters from a validated configuration.
-    pub fn interface_params(&self) -> Params {
-        Params {
+    pub fn iface_config(&self) -> IfaceConfig {
+        IfaceConfig {
             addr: self.addr,
             mtu: self.mtu,
             qkey: self.qkey,

@@ -8,7 +8,7 @@ use serde_json::{Map, Value, json};
 
 use super::{FAULTS_DISABLED, FAULTS_LISTED, Status};
 use crate::iface::stats::Stats;
-use crate::runtime::supervisor::Command;
+use crate::runtime::supervisor::Order;
 use crate::verbs::fault::{FaultKind, FaultSpec, FaultSwitch};
 
 /// `inject`: arm the fault the request describes. A bad request is refused naming the
@@ -44,7 +44,7 @@ fn faults_report(faults: &FaultSwitch) -> Value {
 pub(super) struct Served {
     pub(super) stats: Arc<Stats>,
     pub(super) status: Arc<Mutex<Status>>,
-    pub(super) commands: Option<Sender<Command>>,
+    pub(super) orders: Option<Sender<Order>>,
     pub(super) faults: Option<Arc<FaultSwitch>>,
     /// Peers refused for their uid.
     pub(super) refused: Arc<AtomicU64>,
@@ -78,8 +78,8 @@ pub(super) fn handle_line(line: &str, cx: &Served) -> Value {
             s.control_peers_refused = cx.refused.load(Ordering::Relaxed);
             json!({"ok": true, "status": s})
         }
-        "restart" => match &cx.commands {
-            Some(tx) if tx.send(Command::Restart).is_ok() => {
+        "restart" => match &cx.orders {
+            Some(tx) if tx.send(Order::Restart).is_ok() => {
                 json!({"ok": true, "restart": "requested"})
             }
             _ => json!({"ok": false, "error": "this interface has no supervisor to restart it"}),

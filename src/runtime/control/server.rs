@@ -21,7 +21,7 @@ use super::path::{file_kind, prepare_dir, socket_id};
 use super::protocol::Served;
 use super::{CLIENT_TIMEOUT, ControlError, Status};
 use crate::iface::stats::Stats;
-use crate::runtime::supervisor::Command;
+use crate::runtime::supervisor::Order;
 use crate::runtime::sys;
 use crate::verbs::fault::FaultSwitch;
 
@@ -202,7 +202,7 @@ impl ControlServer {
         path: &Path,
         stats: Arc<Stats>,
         status: Arc<Mutex<Status>>,
-        commands: Option<Sender<Command>>,
+        orders: Option<Sender<Order>>,
         faults: Option<Arc<FaultSwitch>>,
     ) -> Result<ControlServer, ControlError> {
         use std::os::unix::fs::FileTypeExt;
@@ -210,7 +210,7 @@ impl ControlServer {
         let cx = Served {
             stats,
             status,
-            commands,
+            orders,
             faults,
             refused: refused.clone(),
         };

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::iface::stats::{self, DropReason, Stats};
-use crate::runtime::supervisor::Command;
+use crate::runtime::supervisor::Order;
 use crate::runtime::sys;
 use crate::verbs::fault::FaultSwitch;
 
@@ -318,7 +318,7 @@ fn stats_status_and_junk() {
     let v = request(&path, "status").unwrap();
     assert_eq!(v["status"]["tap"], "uip0");
     request(&path, "restart").unwrap();
-    assert_eq!(crx.try_recv(), Ok(Command::Restart));
+    assert_eq!(crx.try_recv(), Ok(Order::Restart));
     let v = request_json(
         &path,
         &json!({"cmd": "inject", "fault": "poll-error", "count": 2}),

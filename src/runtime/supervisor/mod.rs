@@ -34,8 +34,8 @@ use crossbeam_channel::{Receiver, Sender, unbounded};
 use serde::{Deserialize, Serialize};
 
 use crate::iface::stats::{Snapshot, Stats};
-use crate::iface::{Interface, Params};
-use crate::runtime::config::RestartPolicy;
+use crate::iface::{Interface, IfaceConfig};
+use crate::iface::recovery::Policy;
 use crate::tap::TapDevice;
 use crate::verbs::Provider;
 use crate::verbs::retire::RETIRE_GRACE;
@@ -63,7 +63,7 @@ pub const SHUTDOWN_BOUND: Duration = SHUTDOWN_TEARDOWN_BOUND.saturating_add(SHUT
 
 /// What can be asked of a supervisor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Command {
+pub enum Order {
     /// Restart the interface now (also revives a dead one).
     Restart,
     /// Tear down and end.
@@ -117,7 +117,7 @@ pub struct Ended {
 
 /// A running supervisor.
 pub struct Supervisor {
-    commands: Sender<Command>,
+    orders: Sender<Order>,
     thread: Option<JoinHandle<()>>,
     /// The thread's [`Ended`], sent as its last act.
     ended: Receiver<Ended>,
@@ -125,13 +125,13 @@ pub struct Supervisor {
 }
 
 /// Everything a supervisor needs.
-pub struct Setup {
+pub struct Supervised {
     /// TAP name.
     pub name: String,
     /// How to rebuild the interface.
-    pub params: Params,
+    pub params: IfaceConfig,
     /// Restart policy.
-    pub policy: RestartPolicy,
+    pub policy: Policy,
     /// The provider to reopen the device with.
     pub provider: Arc<dyn Provider>,
     /// The TAP (stays up across restarts).
@@ -144,8 +144,8 @@ pub struct Setup {
 
 impl Supervisor {
     /// Start supervising `first`, which is already open; its poller starts now.
-    pub fn spawn(setup: Setup, first: Interface) -> std::io::Result<Supervisor> {
-        let (commands, rx) = unbounded();
+    pub fn spawn(setup: Supervised, first: Interface) -> std::io::Result<Supervisor> {
+        let (orders, rx) = unbounded();
         let (ended_tx, ended) = crossbeam_channel::bounded(1);
         let name = setup.name.clone();
         let thread = std::thread::Builder::new()
@@ -155,21 +155,21 @@ impl Supervisor {
                 let _ = ended_tx.send(e);
             })?;
         Ok(Supervisor {
-            commands,
+            orders,
             thread: Some(thread),
             ended,
             name,
         })
     }
 
-    /// A handle to send commands (for the control socket).
-    pub fn commands(&self) -> Sender<Command> {
-        self.commands.clone()
+    /// A handle to send orders (for the control socket).
+    pub fn orders(&self) -> Sender<Order> {
+        self.orders.clone()
     }
 
     /// Ask for a restart.
     pub fn restart(&self) {
-        let _ = self.commands.send(Command::Restart);
+        let _ = self.orders.send(Order::Restart);
     }
 
     /// Tear down and wait for the end, at most [`SHUTDOWN_BOUND`]; `None` if it did not
@@ -181,7 +181,7 @@ impl Supervisor {
 
     /// Ask for the teardown without waiting (several interfaces then stop together).
     pub fn begin_shutdown(&self) {
-        let _ = self.commands.send(Command::Shutdown);
+        let _ = self.orders.send(Order::Shutdown);
     }
 
     /// Wait for the end until `deadline`. `None` if the supervisor had not ended by then

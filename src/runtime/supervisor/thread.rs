@@ -10,28 +10,17 @@ use crossbeam_channel::{Receiver, Sender, select, unbounded};
 
 use super::reaper::ReaperThread;
 use super::teardown::tear_down;
-use super::{Command, Ended, HISTORY_LEN, SHUTDOWN_GRACE_CAP, Setup};
+use super::{Order, Ended, HISTORY_LEN, SHUTDOWN_GRACE_CAP, Supervised};
 use crate::iface::neigh::Neighbours;
 use crate::iface::recovery::{
-    Action, Attempt, Event, Policy, Recovery, RestartRecord, Revival, ms,
+    Action, Attempt, Event, Recovery, RestartRecord, Revival, ms,
 };
 use crate::iface::stats;
 use crate::iface::{FLUSH_DEADLINE, Failure, Interface, KeptEndpoint, OpenError, Teardown};
-use crate::runtime::config::RestartPolicy;
 use crate::runtime::poller::{Exit, Poller, SpawnFailed};
 use crate::tap::FrameIo;
 use crate::verbs::VerbsError;
 use crate::verbs::retire::{self, Reaper};
-
-/// The machine's policy from the configuration's.
-fn policy(p: &RestartPolicy) -> Policy {
-    Policy {
-        max_restarts: p.max_restarts,
-        window: p.window,
-        backoff_initial: p.backoff_initial,
-        backoff_max: p.backoff_max,
-    }
-}
 
 fn unix_ms() -> u64 {
     SystemTime::now()
@@ -45,8 +34,8 @@ struct Stop;
 
 /// The state of one supervisor's thread.
 pub(super) struct SupervisorThread {
-    s: Setup,
-    commands: Receiver<Command>,
+    s: Supervised,
+    orders: Receiver<Order>,
     exits_tx: Sender<Exit>,
     exits: Receiver<Exit>,
     machine: Recovery,
@@ -71,12 +60,12 @@ pub(super) struct SupervisorThread {
 }
 
 impl SupervisorThread {
-    pub(super) fn new(s: Setup, commands: Receiver<Command>) -> Self {
+    pub(super) fn new(s: Supervised, orders: Receiver<Order>) -> Self {
         let (exits_tx, exits) = unbounded();
         SupervisorThread {
-            machine: Recovery::new(policy(&s.policy), 1, Instant::now()),
+            machine: Recovery::new(s.policy, 1, Instant::now()),
             s,
-            commands,
+            orders,
             exits_tx,
             exits,
             poller: None,
@@ -112,14 +101,14 @@ impl SupervisorThread {
                 return self.ended();
             };
             let exit = select! {
-                recv(self.commands) -> c => {
+                recv(self.orders) -> c => {
                     self.poller = Some(p);
                     match c {
-                        Ok(Command::Restart) => {
+                        Ok(Order::Restart) => {
                             // The machine asks the poller to hand over.
                             let _ = self.drive(Event::Operator);
                         }
-                        Ok(Command::Shutdown) | Err(_) => {
+                        Ok(Order::Shutdown) | Err(_) => {
                             shutting_down = true;
                             self.set_state("stopping");
                             if let Some(p) = &self.poller {
@@ -228,14 +217,14 @@ impl SupervisorThread {
                 None
             }
             Action::StartPoller { epoch } => Some(self.go_live(epoch)),
-            Action::WaitUntil(t) => Some(match self.commands.recv_deadline(t) {
-                Ok(Command::Restart) => Event::Operator,
-                Ok(Command::Shutdown) => return Err(Stop),
+            Action::WaitUntil(t) => Some(match self.orders.recv_deadline(t) {
+                Ok(Order::Restart) => Event::Operator,
+                Ok(Order::Shutdown) => return Err(Stop),
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => Event::Tick,
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Err(Stop),
             }),
-            Action::WaitForOperator => match self.commands.recv() {
-                Ok(Command::Restart) => Some(Event::Operator),
+            Action::WaitForOperator => match self.orders.recv() {
+                Ok(Order::Restart) => Some(Event::Operator),
                 _ => return Err(Stop),
             },
             Action::HandOver => {
