@@ -700,7 +700,7 @@ fn removal(p: &RdmaProvider, device: &str, netdev: &str) -> Result<Vec<String>, 
         return Ok(f);
     };
     println!(
-        "TIMING reopen succeeded {:.3} s after `rdma link add` began ({attempts} attempts; \
+        "TIMING open_on succeeded {:.3} s after `rdma link add` began ({attempts} attempts; \
          errors on the way: {errors:?})",
         added.elapsed().as_secs_f64()
     );

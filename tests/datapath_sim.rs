@@ -84,9 +84,9 @@ fn arp_then_ipv4_both_ways() {
     assert_eq!(sa.send_outstanding, 0);
     a.ledger().check().unwrap();
     b.ledger().check().unwrap();
-    let (ta_, _) = a.shutdown(uipoib::iface::FLUSH_DEADLINE);
+    let (ta_, _) = a.close(uipoib::iface::FLUSH_DEADLINE);
     ta_.ledger.unwrap();
-    let (tb_, _) = b.shutdown(uipoib::iface::FLUSH_DEADLINE);
+    let (tb_, _) = b.close(uipoib::iface::FLUSH_DEADLINE);
     tb_.ledger.unwrap();
 }
 

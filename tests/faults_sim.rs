@@ -5,7 +5,7 @@
 //! from a stale epoch, drops only with the expected reasons.
 //!
 //! And a seeded random run of 1,000 mixed faults that drives two interfaces directly,
-//! without threads (the supervisor's restart emulated with `shutdown`/`open`): the same
+//! without threads (the supervisor's restart emulated with `close`/`open`): the same
 //! seed gives the same injected sequence and the same ledger totals.
 
 mod common;
@@ -19,9 +19,9 @@ use common::sup::{A_IP, B_IP, Side, flows, pair};
 use common::{FakeTap, arp_reply, ipv4_frame, params};
 use serde_json::json;
 use uipoib::iface::napi::TxGate;
-use uipoib::iface::stats::{self, DropReason, Snapshot, Stats};
-use uipoib::iface::{FLUSH_DEADLINE, Failure, Interface, IfaceConfig};
 use uipoib::iface::recovery::Policy;
+use uipoib::iface::stats::{self, DropReason, Snapshot, Stats};
+use uipoib::iface::{FLUSH_DEADLINE, Failure, IfaceConfig, Interface};
 use uipoib::runtime::control::{self, ControlError, ControlServer};
 use uipoib::runtime::supervisor::Close;
 use uipoib::runtime::supervisor::{RestartRecord, Status};
@@ -384,7 +384,7 @@ fn post_recv_error_mid_batch_keeps_the_cumulative_ledger() {
         Ok(n) => panic!("the refill did not fail ({n} completions)"),
     }
     let stats = a.stats().clone();
-    let (t, _) = a.shutdown(FLUSH_DEADLINE);
+    let (t, _) = a.close(FLUSH_DEADLINE);
     t.ledger.expect("the epoch's own ledger balances");
     let s = stats.snapshot();
     assert!(s.ledger_balanced(), "{}", s.to_text());
@@ -708,13 +708,13 @@ impl Node {
         }
     }
 
-    /// The supervisor's restart: tear down (reaping what never completed), reopen with
+    /// The supervisor's restart: tear down (reaping what never completed), open_on with
     /// a new epoch, announce. The teardown is immediate, as the supervisor's for a lost
     /// device: a flush drain bounded by wall-clock time would make the outcome depend on
     /// the machine's timing (the supervised tests drain flushes).
     fn restart(&mut self, cause: Failure, now: Instant) {
         let iface = self.iface.take().expect("an interface");
-        let (t, neigh) = iface.shutdown(Duration::ZERO);
+        let (t, neigh) = iface.close(Duration::ZERO);
         if let Err(e) = t.ledger {
             panic!("ledger after the reap ({cause}): {e}");
         }
@@ -818,7 +818,7 @@ struct RunRecord {
     delivered: [u64; 2],
     /// Per side: restart causes, in order.
     restarts: [Vec<&'static str>; 2],
-    /// Per side: reopen attempts that failed.
+    /// Per side: open_on attempts that failed.
     failed_opens: [u64; 2],
 }
 
@@ -877,7 +877,7 @@ fn seeded_run(seed: u64, faults: usize) -> RunRecord {
     };
     for (i, mut n) in nodes.into_iter().enumerate() {
         let iface = n.iface.take().expect("an interface");
-        let (t, _) = iface.shutdown(Duration::ZERO);
+        let (t, _) = iface.close(Duration::ZERO);
         t.ledger
             .unwrap_or_else(|e| panic!("side {i} at the end: {e}"));
         out.injected[i] = n

@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 use common::sup::{self, A_IP, B_IP};
 use common::{FakeTap, fabric, introduce, ipv4_frame, open};
 use uipoib::iface::napi::TxGate;
+use uipoib::iface::recovery::Policy;
 use uipoib::iface::stats::DropReason;
 use uipoib::iface::{FLUSH_DEADLINE, Interface};
-use uipoib::iface::recovery::Policy;
 use uipoib::runtime::config::DEFAULT_QKEY;
 use uipoib::runtime::supervisor::Close;
 use uipoib::verbs::fault::FaultyProvider;
@@ -88,7 +88,7 @@ fn a_failed_poll_is_never_followed_by_a_poll_through_the_whole_restart() {
         backoff_max: Duration::from_millis(5),
     };
     let (_sim, switch, a, b) = sup::pair(policy);
-    let renewals_before = switch.renewals();
+    let renewals_before = switch.endpoint_restarts();
     // Every poll fails from now on, and the fault stays armed through every restart
     // until the breaker gives up.
     switch.arm_poll_error(-5);
@@ -112,9 +112,9 @@ fn a_failed_poll_is_never_followed_by_a_poll_through_the_whole_restart() {
     assert_eq!(switch.polls_after_failure(), 0, "polled after the failure");
     assert!(switch.polls_failed() >= 4);
     // Each restart destroyed the QP whose poll failed at once, none kept it.
-    let renewed = switch.renewals() - renewals_before;
+    let renewed = switch.endpoint_restarts() - renewals_before;
     assert!(renewed >= 4, "{renewed}");
-    assert_eq!(switch.renewals_destroying(), renewed);
+    assert_eq!(switch.endpoint_restarts_destroying(), renewed);
     for r in &s.history {
         assert_eq!(r.cause, "poll-failed");
         assert!(r.ledger_balanced, "{r:?}");
@@ -144,14 +144,14 @@ fn the_teardown_after_a_failed_poll_does_not_drain_and_reaps_everything() {
     switch.arm_poll_error(-5);
     assert!(a.poll_rx(&ta, Instant::now()).is_err());
     assert!(a.untrusted());
-    let (t, _, kept) = a.recycle(FLUSH_DEADLINE, &ta);
+    let (t, _, kept) = a.close_keeping(FLUSH_DEADLINE, &ta);
     assert_eq!(
         switch.polls_after_failure(),
         0,
         "the drain polled a failed CQ"
     );
     assert_eq!(
-        switch.renewals_destroying(),
+        switch.endpoint_restarts_destroying(),
         1,
         "the old QP was kept, not destroyed"
     );
@@ -176,7 +176,7 @@ fn receives_completed_before_an_operator_restart_reach_the_tap() {
     let before = a.stats().snapshot();
     let stats = a.stats().clone();
     // The operator restarts A before it polled: the drain finds the five receives.
-    let (t, _, kept) = a.recycle(FLUSH_DEADLINE, &ta);
+    let (t, _, kept) = a.close_keeping(FLUSH_DEADLINE, &ta);
     t.ledger.expect("the ledger balances");
     let written = ta.take_written();
     assert_eq!(written.len(), 5, "the drained receives reach the TAP");
@@ -192,7 +192,7 @@ fn receives_completed_before_an_operator_restart_reach_the_tap() {
     send_b_to_a(&a, &mut b, &tb, 4);
     let stats = a.stats().clone();
     let rx_before = stats.snapshot().rx_packets;
-    let (t, _) = a.shutdown(FLUSH_DEADLINE);
+    let (t, _) = a.close(FLUSH_DEADLINE);
     t.ledger.unwrap();
     assert_eq!(stats.drops(DropReason::RxTeardown), 4);
     assert_eq!(stats.snapshot().rx_packets, rx_before);
@@ -210,8 +210,12 @@ fn a_qp_that_cannot_be_moved_to_error_is_destroyed_before_its_buffers_are_reaped
     } = faulty_pair();
     switch.refuse_qp_error(true);
     let stats = a.stats().clone();
-    let (t, neigh, kept) = a.recycle(FLUSH_DEADLINE, &ta);
-    assert_eq!(switch.renewals_destroying(), 1, "destroyed, not retired");
+    let (t, neigh, kept) = a.close_keeping(FLUSH_DEADLINE, &ta);
+    assert_eq!(
+        switch.endpoint_restarts_destroying(),
+        1,
+        "destroyed, not retired"
+    );
     assert_eq!(t.errors, 1, "the failed move to ERR is counted");
     t.ledger.unwrap();
     assert_eq!(t.reaped, 16);
@@ -219,7 +223,7 @@ fn a_qp_that_cannot_be_moved_to_error_is_destroyed_before_its_buffers_are_reaped
     // The next epoch re-posts the same slots on the new QP and carries traffic.
     let p = common::params("sim0", "198.18.2.1/24", 16, 8);
     let mut n = Some(neigh);
-    let mut a = Interface::reopen(kept.unwrap(), &p, stats, 2, &mut n).unwrap();
+    let mut a = Interface::open_on(kept.unwrap(), &p, stats, 2, &mut n).unwrap();
     // Its gratuitous ARP moves B's entry for it to the new QPN.
     a.announce(Instant::now());
     drain_rx(&mut b, &tb);
@@ -243,17 +247,17 @@ fn a_qp_whose_flushes_do_not_all_arrive_is_retired_in_the_error_state() {
     switch.arm(FaultSpec::new(Fault::StallSend).unlimited());
     a.poll_tx(Instant::now()).unwrap();
     send_b_to_a(&b, &mut a, &ta, 3);
-    let (t, _, _) = a.recycle(Duration::from_millis(50), &ta);
+    let (t, _, _) = a.close_keeping(Duration::from_millis(50), &ta);
     t.ledger.clone().unwrap();
     assert!(t.sends_reaped >= 3, "{t:?}");
     // rxe is still flushing such a QP: destroying it now would free it under rxe's
     // tasks. It waits out its grace in the error state instead.
     assert_eq!(
-        switch.renewals_destroying(),
+        switch.endpoint_restarts_destroying(),
         0,
         "destroyed while still flushing"
     );
-    assert_eq!(switch.renewals(), 1);
+    assert_eq!(switch.endpoint_restarts(), 1);
 }
 
 /// A raw endpoint on `dev` (a rogue QP on that host), with an AH for `to`.
@@ -500,9 +504,9 @@ fn a_bad_wr_outside_the_chain_restarts_and_takes_the_chain_as_posted() {
         3,
         "the whole chain counts as posted"
     );
-    let (t, _, _) = a.recycle(FLUSH_DEADLINE, &ta);
+    let (t, _, _) = a.close_keeping(FLUSH_DEADLINE, &ta);
     t.ledger.clone().unwrap();
     assert_eq!(t.sends_reaped, 3, "{t:?}");
-    assert_eq!(switch.renewals_destroying(), 1);
+    assert_eq!(switch.endpoint_restarts_destroying(), 1);
     assert_eq!(switch.polls_after_failure(), 0);
 }

@@ -110,7 +110,7 @@ fn traffic_flows_then_a_failed_poll_hands_the_interface_over() {
                 "exactly one failed poll, no retry"
             );
             switch.clear();
-            let (t, _) = iface.shutdown(FLUSH_DEADLINE);
+            let (t, _) = iface.close(FLUSH_DEADLINE);
             t.ledger.expect("ledger balances after teardown");
         }
         Exit::Stopped { .. } => panic!("expected a failure"),
@@ -124,7 +124,7 @@ fn traffic_flows_then_a_failed_poll_hands_the_interface_over() {
             let s = iface.stats().snapshot();
             assert!(s.rx_packets >= 200, "{s:?}");
             assert_eq!(s.drops_total(), 0, "{:?}", s.drops);
-            iface.shutdown(FLUSH_DEADLINE).0.ledger.unwrap();
+            iface.close(FLUSH_DEADLINE).0.ledger.unwrap();
         }
         Exit::Failed { cause, .. } => panic!("B failed: {cause}"),
         Exit::Panicked { message, .. } => panic!("B's poller panicked: {message}"),

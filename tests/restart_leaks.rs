@@ -1,6 +1,6 @@
 //! Restarts leak nothing: 10,000 back-to-back teardowns and rebuilds of an interface
 //! keep file descriptors and memory flat with a balanced ledger every time, both full
-//! ones and ones that keep the endpoint and renew its QP and CQs, and 200
+//! ones and ones that keep the endpoint and restart its QP and CQs, and 200
 //! supervised restarts leave no thread or descriptor behind. The tests of this file run
 //! one at a time (they count process-wide resources).
 
@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use common::sup::{A_IP, B_IP, flows, pair};
 use common::{fabric, params};
+use uipoib::iface::recovery::Policy;
 use uipoib::iface::stats::Stats;
 use uipoib::iface::{FLUSH_DEADLINE, Interface};
-use uipoib::iface::recovery::Policy;
 use uipoib::runtime::supervisor::Close;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -54,7 +54,7 @@ fn ten_thousand_restarts_leak_nothing() {
         if i % 10 == 0 {
             iface.announce(Instant::now());
         }
-        let (t, n) = iface.shutdown(FLUSH_DEADLINE);
+        let (t, n) = iface.close(FLUSH_DEADLINE);
         t.ledger.unwrap_or_else(|e| panic!("restart {i}: {e}"));
         neigh = Some(n);
         iface =
@@ -64,8 +64,8 @@ fn ten_thousand_restarts_leak_nothing() {
         iface.poll_rx(&tap, Instant::now()).unwrap();
     }
     assert_nothing_grew("10k restarts", base, &stats);
-    drop(iface.shutdown(FLUSH_DEADLINE));
-    drop(peer.shutdown(FLUSH_DEADLINE));
+    drop(iface.close(FLUSH_DEADLINE));
+    drop(peer.close(FLUSH_DEADLINE));
     assert_eq!(sim.live_qps(), 0);
 }
 
@@ -112,13 +112,13 @@ fn ten_thousand_renewals_reuse_the_endpoint_and_leak_nothing() {
         if i % 10 == 0 {
             iface.announce(Instant::now());
         }
-        let (t, n, kept) = iface.recycle(FLUSH_DEADLINE, &common::FakeTap::default());
+        let (t, n, kept) = iface.close_keeping(FLUSH_DEADLINE, &common::FakeTap::default());
         t.ledger.unwrap_or_else(|e| panic!("restart {i}: {e}"));
         assert!(t.kept, "restart {i}");
         neigh = Some(n);
         let ep = kept.expect("the endpoint is kept");
         iface =
-            Interface::reopen(ep, &p, stats.clone(), (i % 60_000 + 2) as u16, &mut neigh).unwrap();
+            Interface::open_on(ep, &p, stats.clone(), (i % 60_000 + 2) as u16, &mut neigh).unwrap();
         assert_ne!(iface.hw_addr().qpn, qpn, "restart {i}: a new QP");
         qpn = iface.hw_addr().qpn;
         assert_eq!(sim.live_qps(), 2, "restart {i}");
@@ -129,9 +129,9 @@ fn ten_thousand_renewals_reuse_the_endpoint_and_leak_nothing() {
     assert_nothing_grew("10k renewals", base, &stats);
     // Nothing was opened again: every epoch ran on the first endpoint's memory.
     assert_eq!(sim.opens(), opens);
-    assert_eq!(sim.renewals(), 10_000);
-    drop(iface.shutdown(FLUSH_DEADLINE));
-    drop(peer.shutdown(FLUSH_DEADLINE));
+    assert_eq!(sim.endpoint_restarts(), 10_000);
+    drop(iface.close(FLUSH_DEADLINE));
+    drop(peer.close(FLUSH_DEADLINE));
     assert_eq!(sim.live_qps(), 0);
 }
 

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use common::ipv4_frame;
 use common::sup::{A_IP, B_IP, Side, flows, introduce, pair, pair_with_grace};
-use uipoib::iface::stats;
 use uipoib::iface::recovery::Policy;
+use uipoib::iface::stats;
 use uipoib::verbs::AsyncEvent;
 
 /// Make A's poller poll (B sends it a frame).
@@ -86,7 +86,7 @@ fn a_gid_change_restarts_only_when_our_gid_changed() {
 #[test]
 fn a_panicking_poller_is_a_restart_from_scratch_with_the_ledger_lost() {
     let (_sim, switch, a, b) = pair(Policy::default());
-    let (opens, renewals) = (switch.opens(), switch.renewals());
+    let (opens, endpoint_restarts) = (switch.opens(), switch.endpoint_restarts());
     switch.panic_next_poll();
     poke(&a, &b);
     let s = a.wait_state("running", 1);
@@ -99,7 +99,10 @@ fn a_panicking_poller_is_a_restart_from_scratch_with_the_ledger_lost() {
         "{r:?}"
     );
     assert_eq!(
-        (switch.opens() - opens, switch.renewals() - renewals),
+        (
+            switch.opens() - opens,
+            switch.endpoint_restarts() - endpoint_restarts
+        ),
         (1, 0),
         "opened from scratch"
     );
@@ -123,7 +126,7 @@ fn a_shutdown_ends_within_its_bound_when_the_poller_hangs() {
     let sup = a.sup.take().unwrap();
     let start = Instant::now();
     sup.begin_shutdown();
-    let ended = sup.finish_shutdown(start + Duration::from_millis(300));
+    let ended = sup.finish_close(start + Duration::from_millis(300));
     let took = start.elapsed();
     assert!(ended.is_none(), "a hung poller cannot have stopped");
     assert!(took < Duration::from_secs(2), "took {took:?}");
@@ -246,7 +249,7 @@ fn every_cause_recovers_with_traffic_and_a_balanced_ledger() {
     ];
     for (n, (how, kind)) in causes.iter().enumerate() {
         let before = a.status();
-        let (opens, renewals) = (switch.opens(), switch.renewals());
+        let (opens, endpoint_restarts) = (switch.opens(), switch.endpoint_restarts());
         match *how {
             "poll" | "poll-again" => {
                 switch.arm_poll_error_n(-5, 1);
@@ -292,7 +295,10 @@ fn every_cause_recovers_with_traffic_and_a_balanced_ledger() {
         let lost = matches!(*kind, "device-fatal" | "device-removed");
         assert_eq!(r.kept_device, !lost, "{how}: {r:?}");
         assert_eq!(
-            (switch.opens() - opens, switch.renewals() - renewals),
+            (
+                switch.opens() - opens,
+                switch.endpoint_restarts() - endpoint_restarts
+            ),
             if lost { (1, 0) } else { (0, 1) },
             "{how}: opens / renewals"
         );
@@ -313,9 +319,9 @@ fn every_cause_recovers_with_traffic_and_a_balanced_ledger() {
         "nothing from a stale epoch"
     );
     assert_eq!(stats::get(&a.stats.restarts), causes.len() as u64);
-    // One open at start and one per device loss; renewals for the six others.
+    // One open at start and one per device loss; endpoint_restarts for the six others.
     assert_eq!(switch.opens(), 3);
-    assert_eq!(switch.renewals(), 6);
+    assert_eq!(switch.endpoint_restarts(), 6);
     assert_eq!(sim.opens(), 1 + 3, "B opened once, A three times");
     assert!(
         stats::get(&b.stats.neigh_updated) >= causes.len() as u64,
@@ -415,7 +421,7 @@ fn a_port_changed_under_a_kept_endpoint_is_reopened_not_renewed() {
     // re-addressed): the renewal refuses, the supervisor opens the device again, and the
     // TAP follows, as after a removal.
     let (sim, switch, a, b) = pair(Policy::default());
-    let (opens, renewals) = (switch.opens(), switch.renewals());
+    let (opens, endpoint_restarts) = (switch.opens(), switch.endpoint_restarts());
     sim.reconfigure_device("sim0", std::net::Ipv4Addr::new(198, 18, 0, 9), 2048)
         .unwrap();
     switch.arm_poll_error_n(-5, 1);
@@ -428,7 +434,10 @@ fn a_port_changed_under_a_kept_endpoint_is_reopened_not_renewed() {
     assert!(!r.kept_device, "{r:?}");
     assert!(r.ledger_balanced, "{r:?}");
     assert_eq!(
-        (switch.opens() - opens, switch.renewals() - renewals),
+        (
+            switch.opens() - opens,
+            switch.endpoint_restarts() - endpoint_restarts
+        ),
         (1, 0)
     );
     assert_eq!(s.gid, "::ffff:198.18.0.9");

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use uipoib::iface::napi::TxGate;
 use uipoib::iface::stats::Stats;
-use uipoib::iface::{Interface, IfaceConfig};
+use uipoib::iface::{IfaceConfig, Interface};
 use uipoib::runtime::config::{
     DEFAULT_BUDGET, DEFAULT_GROUP, DEFAULT_POLL_BATCH, DEFAULT_QKEY, DEFAULT_RECV_RING,
     DEFAULT_SEND_RING, DEFAULT_TX_BATCH,

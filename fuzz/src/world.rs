@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use uipoib::iface::napi::TxGate;
 use uipoib::iface::stats::{self, DropReason, Stats};
-use uipoib::iface::{Interface, IfaceConfig};
+use uipoib::iface::{IfaceConfig, Interface};
 use uipoib::runtime::config::{DEFAULT_GROUP, DEFAULT_QKEY};
 use uipoib::runtime::supervisor::Close;
 use uipoib::verbs::sim::SimFabric;
@@ -212,8 +212,8 @@ fn drain(i: &mut Interface, tap: &TapDouble, now: Instant, who: &str) {
 }
 
 /// Shut `i` down and check the teardown's ledger verdict.
-fn shutdown(i: Interface, who: &str) {
-    let (t, _) = i.shutdown(Duration::ZERO);
+fn close(i: Interface, who: &str) {
+    let (t, _) = i.close(Duration::ZERO);
     if let Err(e) = t.ledger {
         panic!("{who}: the ledger after the teardown: {e}");
     }
@@ -396,8 +396,8 @@ impl TxWorld {
 
     /// Tear both interfaces down and check their ledgers.
     pub fn finish(self) {
-        shutdown(self.a, "A");
-        shutdown(self.b, "B");
+        close(self.a, "A");
+        close(self.b, "B");
     }
 }
 
@@ -593,6 +593,6 @@ impl RxWorld {
     /// Poll what is left, tear A down and check its ledger.
     pub fn finish(mut self) {
         self.settle();
-        shutdown(self.a, "A");
+        close(self.a, "A");
     }
 }

@@ -2,7 +2,7 @@
 //! supervisor (which runs the poller) and a control socket for each, and waits for
 //! SIGINT/SIGTERM. Then every supervisor tears its interface down in order and the
 //! counters are printed. The teardown is bounded: all interfaces stop together, within
-//! [`SHUTDOWN_BOUND`] (15 s: 5 s to stop the poller and tear down, plus what is left of
+//! [`CLOSE_BOUND`] (15 s: 5 s to stop the poller and tear down, plus what is left of
 //! the replaced QPs' 10 s grace); an interface that has not stopped by then (a hung
 //! poller or destroy) is reported as such and the daemon exits without it.
 
@@ -16,7 +16,7 @@ use crate::iface::stats::Stats;
 use crate::iface::{Interface, OpenError};
 use crate::runtime::config::Config;
 use crate::runtime::control::{ControlError, ControlServer};
-use crate::runtime::supervisor::{SHUTDOWN_BOUND, Supervised, Status, Supervisor};
+use crate::runtime::supervisor::{CLOSE_BOUND, Status, Supervised, Supervisor};
 use crate::tap::{Tap, TapDevice, TapError};
 use crate::verbs::Provider;
 use crate::verbs::fault::FaultyProvider;
@@ -116,7 +116,7 @@ pub fn run(
     })();
     if let Err(e) = started {
         for r in running {
-            let _ = r.supervisor.shutdown();
+            let _ = r.supervisor.close();
         }
         sig_handle.close();
         let _ = sig_thread.join();
@@ -128,7 +128,7 @@ pub fn run(
         recv(sig_rx) -> s => tracing::info!(signal = s.unwrap_or(0), "stopping"),
         recv(stop_rx) -> _ => tracing::info!("stopping"),
     }
-    let outcome = stop_all(running, SHUTDOWN_BOUND);
+    let outcome = stop_all(running, CLOSE_BOUND);
     sig_handle.close();
     let _ = sig_thread.join();
     Ok(outcome)
@@ -146,7 +146,7 @@ fn stop_all(running: Vec<Running>, bound: std::time::Duration) -> Outcome {
         interfaces: Vec::new(),
     };
     for r in running {
-        match r.supervisor.finish_shutdown(deadline) {
+        match r.supervisor.finish_close(deadline) {
             Some(e) => {
                 tracing::info!(iface = %e.name, ledger = ?e.ledger, "interface torn down");
                 outcome.interfaces.push((e.name, e.stats, e.ledger));
@@ -217,7 +217,7 @@ fn start(spec: &Spec, provider: Arc<dyn Provider>) -> Result<Running, DaemonErro
     ) {
         Ok(c) => c,
         Err(e) => {
-            let _ = supervisor.shutdown();
+            let _ = supervisor.close();
             return Err(e.into());
         }
     };

@@ -13,7 +13,7 @@
 //! receive CQ and a send CQ, one UD QP in RTS, and the address handles created on it. It
 //! owns them all; dropping it destroys them in the right order (AHs, multicast
 //! attachments, QP, CQs, channel, MR, PD). Destroy failures are logged and counted, never
-//! a panic. [`Endpoint::renew`] replaces only the QP and the CQs, keeping the device
+//! a panic. [`Endpoint::restart`] replaces only the QP and the CQs, keeping the device
 //! context, PD, registered memory and completion channel: what a restart after anything
 //! but a device loss needs (opening a context and registering the receive ring are most
 //! of a full open's cost under emulation, see docs/PERFORMANCE.md).
@@ -143,7 +143,7 @@ pub enum AsyncEvent {
     DeviceRemoved,
     /// An event (the `ibv_event_type` value) for a QP or CQ of this endpoint that is not
     /// the live one: one a renewal retired (kept for its grace, see [`retire`]) or a spare
-    /// made ahead by [`Endpoint::maintain`]. It says nothing about the live QP: logged and
+    /// made ahead by [`Endpoint::prepare_spare`]. It says nothing about the live QP: logged and
     /// counted, never a restart.
     NotLive(u32),
     /// The port's GID table changed (`IBV_EVENT_GID_CHANGE`): whether our GID did is for
@@ -280,7 +280,7 @@ pub enum VerbsError {
     /// An address handle the endpoint does not own.
     #[error("unknown address handle {0:?}")]
     UnknownAh(AhHandle),
-    /// [`Endpoint::renew`] refused: the device was lost, or the port or GID table changed
+    /// [`Endpoint::restart`] refused: the device was lost, or the port or GID table changed
     /// since the endpoint was opened. Open a new endpoint instead.
     #[error("cannot renew the endpoint's QP and CQs: {0}; it must be reopened")]
     RenewRefused(String),
@@ -431,9 +431,9 @@ pub trait Endpoint: Send {
     /// ([`AsyncEvent::DeviceFatal`] / [`AsyncEvent::DeviceRemoved`]). After any `Err` the
     /// caller drops the endpoint and opens a new one (the old QP, in whatever state, is
     /// still the endpoint's, so dropping it is always sound).
-    fn renew(&mut self) -> Result<(), VerbsError>;
+    fn restart(&mut self) -> Result<(), VerbsError>;
 
-    /// [`Endpoint::renew`], but the replaced QP and its CQs are destroyed before this
+    /// [`Endpoint::restart`], but the replaced QP and its CQs are destroyed before this
     /// returns instead of being kept aside for their grace. For a QP that may still own
     /// buffers: one whose CQ poll failed (its completions cannot be trusted, so nothing
     /// says which receives it has finished with), one that could not be moved to the
@@ -441,22 +441,22 @@ pub trait Endpoint: Send {
     /// certain to write into none of the slots that are then re-posted. An `Err` after
     /// the swap (a failed destroy) leaves the new QP in place; the caller then drops the
     /// endpoint, as after any failed renewal, so the slot memory goes with it.
-    fn renew_destroying_old(&mut self) -> Result<(), VerbsError>;
+    fn restart_destroying_old(&mut self) -> Result<(), VerbsError>;
 
     /// Housekeeping between restarts, off their critical path (the datapath calls it
     /// from its periodic housekeeping, on the poller thread): prepare the QP and CQs the
-    /// next `renew` will use, if the provider makes them ahead (the real provider does:
+    /// next `restart` will use, if the provider makes them ahead (the real provider does:
     /// creating a 4096-entry CQ and its QP costs milliseconds under emulation). A spare
     /// QP is in RTS with nothing posted and its CQs unarmed. It destroys nothing: what
-    /// [`Endpoint::renew`] replaced is destroyed through [`Endpoint::reaper`], on another
+    /// [`Endpoint::restart`] replaced is destroyed through [`Endpoint::reaper`], on another
     /// thread (a destroy can block for a second, see [`retire`]). Cheap when there is
     /// nothing to do; a failure is logged and counted by the provider. Dropping the
     /// endpoint destroys the spare.
-    fn maintain(&mut self) -> Result<(), VerbsError> {
+    fn prepare_spare(&mut self) -> Result<(), VerbsError> {
         Ok(())
     }
 
-    /// The QPs and CQs that [`Endpoint::renew`] replaced, if the provider keeps them for
+    /// The QPs and CQs that [`Endpoint::restart`] replaced, if the provider keeps them for
     /// a grace period before destroying them (see [`retire`]): a handle for another
     /// thread to destroy them once due. The same handle for the endpoint's whole life;
     /// after the endpoint is dropped it destroys nothing. `None` (the default) when

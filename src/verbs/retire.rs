@@ -23,7 +23,7 @@
 //! [`Reaper`] (see [`crate::verbs::Endpoint::reaper`]); the supervisor's reaper thread
 //! destroys what is due. The endpoint's own teardown destroys what is left, after any
 //! destroy in progress on the reaper thread (so nothing outlives the context and PD it
-//! depends on). A shutdown waits out the remaining grace first, bounded
+//! depends on). A close waits out the remaining grace first, bounded
 //! ([`wait_out_grace`]); a device loss cannot wait.
 
 use std::collections::VecDeque;
@@ -113,7 +113,7 @@ pub trait Destroy: Send {
     fn destroy(self) -> Result<(), VerbsError>;
 }
 
-/// Destroys, on whatever thread calls it, what an endpoint's renewals retired, once due.
+/// Destroys, on whatever thread calls it, what an endpoint's endpoint_restarts retired, once due.
 pub trait Reaper: Send + Sync {
     /// Destroy every retired object that is due at `now`; how many were destroyed
     /// (failures included: they are logged and counted by the provider).
@@ -223,7 +223,7 @@ impl<T: Destroy> Reaper for RetireQueue<T> {
 }
 
 /// Wait for the retired objects of `reaper` to come due and destroy each as it does, for
-/// at most `cap`: a shutdown keeps the grace where it can, and is bounded. Returns whether
+/// at most `cap`: a close keeps the grace where it can, and is bounded. Returns whether
 /// none is left waiting (what is left is destroyed by the endpoint's teardown).
 pub fn wait_out_grace(reaper: &dyn Reaper, cap: Duration) -> bool {
     let start = Instant::now();

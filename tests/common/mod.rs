@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use uipoib::iface::napi::TxGate;
 use uipoib::iface::stats::Stats;
-use uipoib::iface::{Interface, IfaceConfig};
+use uipoib::iface::{IfaceConfig, Interface};
 use uipoib::runtime::config::{DEFAULT_GROUP, DEFAULT_QKEY};
 use uipoib::tap::FrameIo;
 use uipoib::tap::TapDevice;

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use super::{SockTap, arp_reply, arp_request, fabric, ipv4_frame, params};
 use uipoib::iface::Interface;
-use uipoib::iface::stats::Stats;
 use uipoib::iface::recovery::Policy;
-use uipoib::runtime::supervisor::{Supervised, Status, Supervisor};
+use uipoib::iface::stats::Stats;
+use uipoib::runtime::supervisor::{Status, Supervised, Supervisor};
 use uipoib::tap::TapDevice;
 use uipoib::verbs::Provider;
 use uipoib::verbs::fault::{FaultSwitch, FaultyProvider};
@@ -50,7 +50,7 @@ impl Side {
         }
     }
     pub fn end(mut self) {
-        let e = self.sup.take().unwrap().shutdown().unwrap();
+        let e = self.sup.take().unwrap().close().unwrap();
         e.ledger.expect("ledger balanced at the end");
     }
 }
@@ -141,7 +141,7 @@ pub fn pair(policy: Policy) -> (Arc<SimFabric>, Arc<FaultSwitch>, Side, Side) {
     pair_with_grace(policy, Duration::ZERO)
 }
 
-/// Like [`pair`], on a fabric whose renewals keep the replaced QP for `grace`.
+/// Like [`pair`], on a fabric whose endpoint_restarts keep the replaced QP for `grace`.
 pub fn pair_with_grace(
     policy: Policy,
     grace: Duration,

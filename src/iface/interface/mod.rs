@@ -9,12 +9,12 @@
 //! [`Stats`] under its [`DropReason`]. An [`Interface`] is moved by value: the poller
 //! owns it while it runs, and hands it whole to the supervisor when a poll fails.
 
+mod close;
 mod rx;
-mod teardown;
 mod tx;
 
-use teardown::forget_ahs;
-pub use teardown::{Closing, DrainStep, KeptEndpoint, Teardown};
+use close::forget_ahs;
+pub use close::{Closed, Closing, DrainStep, KeptEndpoint};
 
 use std::io;
 use std::net::Ipv4Addr;
@@ -222,7 +222,7 @@ impl Stopwatch<'_> {
     }
 }
 
-/// Where the time of [`Interface::open_timed`] / [`Interface::reopen_timed`] went (all
+/// Where the time of [`Interface::open_timed`] / [`Interface::open_on_timed`] went (all
 /// zero after an untimed open).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OpenTimes {
@@ -266,7 +266,7 @@ pub struct Interface {
     probe: Vec<Ipv4Addr>,
     log: RateLimit,
     tx_timeout: Duration,
-    /// Set while `shutdown` drains flushes (expected then).
+    /// Set while `close` drains flushes (expected then).
     draining: bool,
     /// Set when a `poll_cq` of this epoch failed (or a post left unknown what was posted,
     /// or the QP could not be moved to the error state): no CQ of this epoch is polled again (not even by the teardown's drain),
@@ -326,7 +326,7 @@ impl Interface {
     /// memory and channel are the old ones), with the neighbour table that teardown
     /// returned (whose address handles live on that endpoint). On failure the endpoint
     /// is closed and the table forgets its AHs.
-    pub fn reopen(
+    pub fn open_on(
         kept: KeptEndpoint,
         p: &IfaceConfig,
         stats: Arc<Stats>,
@@ -336,8 +336,8 @@ impl Interface {
         Self::reopen_with(kept, p, stats, epoch, neigh, Stopwatch(None))
     }
 
-    /// [`Interface::reopen`], its steps timed on `clock` ([`Interface::open_times`]).
-    pub fn reopen_timed(
+    /// [`Interface::open_on`], its steps timed on `clock` ([`Interface::open_times`]).
+    pub fn open_on_timed(
         kept: KeptEndpoint,
         p: &IfaceConfig,
         stats: Arc<Stats>,
@@ -465,7 +465,7 @@ impl Interface {
             Ok(n) => iface.open_times.posted = n,
             Err(e) => {
                 // Receives posted before the failure are reaped with the endpoint.
-                let _ = iface.begin_teardown().finish(None, false, None);
+                let _ = iface.begin_close().finish(None, false, None);
                 return Err(e.into());
             }
         }
@@ -579,7 +579,7 @@ impl Interface {
         // stop the datapath, and a renewal makes what is missing). The previous epoch's
         // are destroyed by the supervisor's reaper thread, never here: a destroy can
         // block for a second.
-        if let Err(e) = self.ep.maintain() {
+        if let Err(e) = self.ep.prepare_spare() {
             stats::add(&self.stats.teardown_errors, 1);
             tracing::warn!(error = %e, "endpoint maintenance (retired or spare QP and CQs) failed");
         }

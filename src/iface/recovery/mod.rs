@@ -2,7 +2,7 @@
 //! (like [`crate::iface::napi`]): events and `now` go in, [`Action`]s come out, and the
 //! supervisor thread (`crate::runtime::supervisor`) performs them and reports back.
 //!
-//! One restart, in order: the carrier off; the failed epoch torn down ([`Action::TearDown`]:
+//! One restart, in order: the carrier off; the failed epoch torn down ([`Action::Close`]:
 //! drained and its endpoint kept, only the QP and CQs renewed; or, for a lost device,
 //! closed at once, nothing drained; after a failed poll nothing of that epoch is polled
 //! again, so there is no drain and the old QP is destroyed first); the breaker asked;
@@ -30,7 +30,7 @@ pub use record::{Phases, RestartRecord, ms};
 
 use std::time::{Duration, Instant};
 
-use crate::iface::{Failure, OpenTimes, Teardown};
+use crate::iface::{Closed, Failure, OpenTimes};
 
 /// What the status says while the interface is not running.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,7 +84,7 @@ pub enum Event {
         detected: Instant,
     },
     /// The teardown asked for is done (or, for a lost interface, what stands for it).
-    TornDown(Teardown),
+    Closed(Closed),
     /// The open asked for succeeded.
     Opened {
         /// It was on the kept endpoint.
@@ -123,11 +123,11 @@ pub enum Action {
     /// Show this state.
     Status(State),
     /// The interface was lost with its poller: forget its neighbours, endpoint and
-    /// reaper; report [`Event::TornDown`] with its ledger lost.
+    /// reaper; report [`Event::Closed`] with its ledger lost.
     ForgetLost,
     /// Tear the interface down: drain its flushes (bounded) or not, keep its endpoint
-    /// (QP and CQs renewed) or close it; report [`Event::TornDown`].
-    TearDown {
+    /// (QP and CQs renewed) or close it; report [`Event::Closed`].
+    Close {
         /// Move the QP to error and drain flushes; never after a failed poll.
         drain: bool,
         /// Keep the endpoint (not for a lost device).
@@ -289,7 +289,7 @@ impl Recovery {
                     detected,
                 },
             ) => self.failed(&cause, untrusted, detected, now, wall_ms, &mut acts),
-            (Stage::TearingDown(after), Event::TornDown(t)) => {
+            (Stage::TearingDown(after), Event::Closed(t)) => {
                 self.torn_down(after, &t, now, &mut acts)
             }
             (Stage::Backoff { until }, Event::Tick) if now < until => {
@@ -383,7 +383,7 @@ impl Recovery {
                     log: true,
                 });
                 self.stage = Stage::TearingDown(After::StartFailure);
-                acts.push(Action::TearDown {
+                acts.push(Action::Close {
                     drain: true,
                     keep: true,
                 });
@@ -486,7 +486,7 @@ impl Recovery {
         } else if device_lost {
             // A lost device cannot flush anything, and an operator's `rdma link delete`
             // waits until the endpoint is closed: close it at once, reaping everything.
-            acts.push(Action::TearDown {
+            acts.push(Action::Close {
                 drain: false,
                 keep: false,
             });
@@ -495,14 +495,14 @@ impl Recovery {
             // and replaces only the QP and CQs. A failed poll's CQs are never polled
             // again: no drain.
             let poll_failed = untrusted || matches!(cause, Failure::PollFailed(_));
-            acts.push(Action::TearDown {
+            acts.push(Action::Close {
                 drain: !poll_failed,
                 keep: true,
             });
         }
     }
 
-    fn torn_down(&mut self, after: After, t: &Teardown, now: Instant, acts: &mut Vec<Action>) {
+    fn torn_down(&mut self, after: After, t: &Closed, now: Instant, acts: &mut Vec<Action>) {
         self.kept = t.kept;
         let r = &mut self.record;
         match after {
@@ -513,7 +513,7 @@ impl Recovery {
                 r.ledger_balanced = t.ledger.is_ok();
                 r.phases.drain_ms = ms(t.drain);
                 r.phases.destroy_ms = ms(t.destroy);
-                r.phases.renew_ms = ms(t.renew);
+                r.phases.renew_ms = ms(t.restart);
                 if self.breaker.record(now) {
                     // Dead: nothing of the device is held until it is revived.
                     if self.kept {

@@ -54,7 +54,7 @@ pub struct Phases {
     /// Detaching the group, destroying the AHs and the endpoint, or, when kept, replacing
     /// its QP and CQs (of which `renew_ms`).
     pub destroy_ms: f64,
-    /// [`crate::verbs::Endpoint::renew`]: new CQs and QP brought up, the old destroyed.
+    /// [`crate::verbs::Endpoint::restart`]: new CQs and QP brought up, the old destroyed.
     pub renew_ms: f64,
     /// Reaping and checking the ledger, and the backoff wait before the rebuild.
     pub reap_ms: f64,

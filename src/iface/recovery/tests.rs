@@ -32,8 +32,8 @@ fn close(a: f64, b: f64) -> bool {
     (a - b).abs() < 1e-6
 }
 
-fn torn(kept: bool) -> Teardown {
-    Teardown {
+fn torn(kept: bool) -> Closed {
+    Closed {
         reaped: 0,
         sends_reaped: 0,
         flushed: 0,
@@ -42,7 +42,7 @@ fn torn(kept: bool) -> Teardown {
         errors: 0,
         ledger: Ok(()),
         kept,
-        renew: Duration::ZERO,
+        restart: Duration::ZERO,
     }
 }
 
@@ -92,14 +92,14 @@ fn quick_restart(m: &mut Recovery, c: &Clock, at: u64, cause: Failure) -> Restar
         vec![
             Action::CarrierOff,
             Action::Status(State::Restarting),
-            Action::TearDown {
+            Action::Close {
                 drain: true,
                 keep: true
             }
         ]
     );
     assert_eq!(
-        m.handle(Event::TornDown(torn(true)), c.t(at), 0),
+        m.handle(Event::Closed(torn(true)), c.t(at), 0),
         vec![Action::Open {
             epoch: epoch + 1,
             on_kept: true
@@ -153,23 +153,23 @@ fn a_restart_keeps_the_endpoint_and_records_where_its_time_went() {
         vec![
             Action::CarrierOff,
             Action::Status(State::Restarting),
-            Action::TearDown {
+            Action::Close {
                 drain: true,
                 keep: true
             }
         ]
     );
-    let t = Teardown {
+    let t = Closed {
         reaped: 5,
         sends_reaped: 2,
         flushed: 40,
         drain: Duration::from_millis(3),
         destroy: Duration::from_millis(4),
-        renew: Duration::from_millis(1),
+        restart: Duration::from_millis(1),
         ..torn(true)
     };
     assert_eq!(
-        m.handle(Event::TornDown(t), c.t(5010), 0),
+        m.handle(Event::Closed(t), c.t(5010), 0),
         vec![Action::Open {
             epoch: 2,
             on_kept: true
@@ -236,7 +236,7 @@ fn an_operator_restart_of_a_running_interface_asks_the_poller_to_hand_over() {
     );
     // Nothing else is expected of a running interface.
     assert_eq!(m.handle(Event::Tick, c.t(20), 0), vec![]);
-    assert_eq!(m.handle(Event::TornDown(torn(true)), c.t(20), 0), vec![]);
+    assert_eq!(m.handle(Event::Closed(torn(true)), c.t(20), 0), vec![]);
     let r = quick_restart(&mut m, &c, 30, Failure::Operator);
     assert_eq!(r.cause, "operator");
 }
@@ -252,7 +252,7 @@ fn a_failed_poll_is_never_drained_and_its_qp_destroyed_first() {
             vec![
                 Action::CarrierOff,
                 Action::Status(State::Restarting),
-                Action::TearDown {
+                Action::Close {
                     drain: false,
                     keep: true
                 }
@@ -266,7 +266,7 @@ fn a_failed_poll_is_never_drained_and_its_qp_destroyed_first() {
     let acts = m.handle(failed(cause, true, c.t(100)), c.t(100), 0);
     assert_eq!(
         acts.last(),
-        Some(&Action::TearDown {
+        Some(&Action::Close {
             drain: false,
             keep: true
         })
@@ -275,7 +275,7 @@ fn a_failed_poll_is_never_drained_and_its_qp_destroyed_first() {
     // from the teardown to the open, and a start failure of the new epoch drains only
     // that epoch.
     assert_eq!(
-        m.handle(Event::TornDown(torn(true)), c.t(105), 0),
+        m.handle(Event::Closed(torn(true)), c.t(105), 0),
         vec![Action::Open {
             epoch: 2,
             on_kept: true
@@ -289,7 +289,7 @@ fn failed_opens_back_off_doubling_and_a_healthy_period_resets_the_backoff() {
     let mut m = Recovery::new(policy(), 1, c.t(0));
     let _ = m.handle(failed(Failure::Operator, false, c.t(100)), c.t(100), 0);
     assert_eq!(
-        m.handle(Event::TornDown(torn(false)), c.t(100), 0),
+        m.handle(Event::Closed(torn(false)), c.t(100), 0),
         vec![Action::Open {
             epoch: 2,
             on_kept: false
@@ -344,7 +344,7 @@ fn failed_opens_back_off_doubling_and_a_healthy_period_resets_the_backoff() {
     let again = now + 500;
     let _ = m.handle(failed(Failure::Operator, false, c.t(again)), c.t(again), 0);
     assert_eq!(
-        m.handle(Event::TornDown(torn(true)), c.t(again), 0),
+        m.handle(Event::Closed(torn(true)), c.t(again), 0),
         vec![Action::WaitUntil(c.t(again + 50))]
     );
     // An operator restart cuts the wait short.
@@ -378,7 +378,7 @@ fn the_breaker_declares_the_interface_dead_until_an_operator_restart() {
     }
     let at = 4400;
     let _ = m.handle(failed(poll_failed(), true, c.t(at)), c.t(at), 0);
-    let acts = m.handle(Event::TornDown(torn(true)), c.t(at + 1), 0);
+    let acts = m.handle(Event::Closed(torn(true)), c.t(at + 1), 0);
     let why = format!("4 restarts within 10s (last cause: {})", poll_failed());
     match acts.as_slice() {
         [
@@ -440,14 +440,14 @@ fn a_lost_device_is_closed_at_once_waited_for_and_reopened() {
         vec![
             Action::CarrierOff,
             Action::Status(State::Restarting),
-            Action::TearDown {
+            Action::Close {
                 drain: false,
                 keep: false
             }
         ]
     );
     assert_eq!(
-        m.handle(Event::TornDown(torn(false)), c.t(2001), 0),
+        m.handle(Event::Closed(torn(false)), c.t(2001), 0),
         vec![Action::Open {
             epoch: 2,
             on_kept: false
@@ -516,13 +516,13 @@ fn a_device_fatal_loop_is_held_by_the_breaker_until_the_device_went_and_came_bac
         let acts = m.handle(failed(fatal(), false, c.t(now)), c.t(now), 0);
         assert_eq!(
             acts.last(),
-            Some(&Action::TearDown {
+            Some(&Action::Close {
                 drain: false,
                 keep: false
             })
         );
         assert_eq!(
-            m.handle(Event::TornDown(torn(false)), c.t(now), 0),
+            m.handle(Event::Closed(torn(false)), c.t(now), 0),
             vec![Action::Open {
                 epoch,
                 on_kept: false
@@ -534,7 +534,7 @@ fn a_device_fatal_loop_is_held_by_the_breaker_until_the_device_went_and_came_bac
     }
     now += 1100;
     let _ = m.handle(failed(fatal(), false, c.t(now)), c.t(now), 0);
-    let acts = m.handle(Event::TornDown(torn(false)), c.t(now), 0);
+    let acts = m.handle(Event::Closed(torn(false)), c.t(now), 0);
     assert!(
         matches!(acts.as_slice(), [Action::Dead { .. }, Action::WaitUntil(t)] if *t == c.t(now + 50)),
         "{acts:?}"
@@ -619,11 +619,11 @@ fn a_poller_that_cannot_start_is_a_failed_attempt() {
     let c = clock();
     let mut m = Recovery::new(policy(), 1, c.t(0));
     let _ = m.handle(failed(Failure::Operator, false, c.t(3000)), c.t(3000), 0);
-    let t = Teardown {
+    let t = Closed {
         reaped: 4,
         ..torn(true)
     };
-    let _ = m.handle(Event::TornDown(t), c.t(3001), 0);
+    let _ = m.handle(Event::Closed(t), c.t(3001), 0);
     assert_eq!(
         m.handle(opened(true), c.t(3002), 0),
         vec![Action::StartPoller { epoch: 2 }]
@@ -637,20 +637,20 @@ fn a_poller_that_cannot_start_is_a_failed_attempt() {
                 what: Attempt::Start,
                 log: true
             },
-            Action::TearDown {
+            Action::Close {
                 drain: true,
                 keep: true
             }
         ]
     );
-    let t = Teardown {
+    let t = Closed {
         reaped: 3,
         ledger: Err("x".into()),
         ..torn(true)
     };
     // Backed off: the second attempt waits initial (10 ms).
     assert_eq!(
-        m.handle(Event::TornDown(t), c.t(3005), 0),
+        m.handle(Event::Closed(t), c.t(3005), 0),
         vec![Action::WaitUntil(c.t(3015))]
     );
     assert_eq!(
@@ -675,7 +675,7 @@ fn a_kept_endpoint_that_cannot_be_reopened_makes_the_same_attempt_open_the_devic
     let c = clock();
     let mut m = Recovery::new(policy(), 1, c.t(0));
     let _ = m.handle(failed(Failure::Operator, false, c.t(2000)), c.t(2000), 0);
-    let _ = m.handle(Event::TornDown(torn(true)), c.t(2000), 0);
+    let _ = m.handle(Event::Closed(torn(true)), c.t(2000), 0);
     let bad_kept = Event::OpenFailed {
         on_kept: true,
         no_device: false,
@@ -705,12 +705,12 @@ fn a_poller_panic_loses_the_epoch_and_opens_the_next_from_scratch() {
             Action::ForgetLost
         ]
     );
-    let lost = Teardown {
+    let lost = Closed {
         ledger: Err("lost".into()),
         ..torn(false)
     };
     assert_eq!(
-        m.handle(Event::TornDown(lost), c.t(2001), 0),
+        m.handle(Event::Closed(lost), c.t(2001), 0),
         vec![Action::Open {
             epoch: 2,
             on_kept: false

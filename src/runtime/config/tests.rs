@@ -272,11 +272,7 @@ fn allow_faults_is_an_opt_in_bool() {
         allow_faults: Some(false),
         ..base()
     };
-    assert!(
-        Config::from_keys(flags.or(file))
-            .unwrap()
-            .allow_faults
-    );
+    assert!(Config::from_keys(flags.or(file)).unwrap().allow_faults);
 }
 
 #[test]

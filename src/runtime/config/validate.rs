@@ -1,8 +1,8 @@
 //! Validation: a merged [`ConfigKeys`] becomes a [`Config`] whose every value is in range,
 //! or a [`ConfigError`] naming the key; and the interface parameters a `Config` yields.
 
-use std::path::PathBuf;
 use crate::iface::recovery::Policy;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use super::defaults::*;

@@ -18,12 +18,12 @@
 //!
 //! The QPs and CQs a renewal replaced are destroyed on a reaper thread (`reap-<tap>`,
 //! `reaper.rs`), never on the poller thread, once their grace is over (see
-//! [`crate::verbs::retire`]); a shutdown waits out what is left of the grace, at most
-//! [`SHUTDOWN_GRACE_CAP`]. A shutdown ends within [`SHUTDOWN_BOUND`] even if the poller
-//! hangs ([`Supervisor::finish_shutdown`]).
+//! [`crate::verbs::retire`]); a close waits out what is left of the grace, at most
+//! [`CLOSE_GRACE_CAP`]. A close ends within [`CLOSE_BOUND`] even if the poller
+//! hangs ([`Supervisor::finish_close`]).
 
+pub mod close;
 mod reaper;
-pub mod teardown;
 mod thread;
 
 use std::sync::{Arc, Mutex};
@@ -33,33 +33,33 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, unbounded};
 use serde::{Deserialize, Serialize};
 
-use crate::iface::stats::{Snapshot, Stats};
-use crate::iface::{Interface, IfaceConfig};
 use crate::iface::recovery::Policy;
+use crate::iface::stats::{Snapshot, Stats};
+use crate::iface::{IfaceConfig, Interface};
 use crate::tap::TapDevice;
 use crate::verbs::Provider;
 use crate::verbs::retire::RETIRE_GRACE;
 
 pub use crate::iface::recovery::{HEALTHY_AFTER, Phases, RestartRecord};
-pub use teardown::Close;
+pub use close::Close;
 use thread::SupervisorThread;
 
 /// Restart records kept for `uipoib status`.
 pub const HISTORY_LEN: usize = 32;
 
-/// What a shutdown may take for stopping the poller and tearing the interface down: the
+/// What a close may take for stopping the poller and tearing the interface down: the
 /// flush drain ([`crate::iface::FLUSH_DEADLINE`]) and the destroys, of which one can block for 1.2 s
 /// (measured, see [`crate::verbs::retire`]), with room for several.
-pub const SHUTDOWN_TEARDOWN_BOUND: Duration = Duration::from_secs(5);
+pub const CLOSE_EPOCH_BOUND: Duration = Duration::from_secs(5);
 
-/// Longest a shutdown waits for the QPs a renewal replaced to come due
+/// Longest a close waits for the QPs a renewal replaced to come due
 /// ([`RETIRE_GRACE`]): at most one whole grace.
-pub const SHUTDOWN_GRACE_CAP: Duration = RETIRE_GRACE;
+pub const CLOSE_GRACE_CAP: Duration = RETIRE_GRACE;
 
-/// Longest a shutdown takes (15 s): [`SHUTDOWN_TEARDOWN_BOUND`] plus
-/// [`SHUTDOWN_GRACE_CAP`]. A supervisor (or poller) that has not ended by then is left
+/// Longest a close takes (15 s): [`CLOSE_EPOCH_BOUND`] plus
+/// [`CLOSE_GRACE_CAP`]. A supervisor (or poller) that has not ended by then is left
 /// behind, and the daemon exits without it.
-pub const SHUTDOWN_BOUND: Duration = SHUTDOWN_TEARDOWN_BOUND.saturating_add(SHUTDOWN_GRACE_CAP);
+pub const CLOSE_BOUND: Duration = CLOSE_EPOCH_BOUND.saturating_add(CLOSE_GRACE_CAP);
 
 /// What can be asked of a supervisor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,7 +132,7 @@ pub struct Supervised {
     pub params: IfaceConfig,
     /// Restart policy.
     pub policy: Policy,
-    /// The provider to reopen the device with.
+    /// The provider to open_on the device with.
     pub provider: Arc<dyn Provider>,
     /// The TAP (stays up across restarts).
     pub tap: Arc<dyn TapDevice>,
@@ -172,11 +172,11 @@ impl Supervisor {
         let _ = self.orders.send(Order::Restart);
     }
 
-    /// Tear down and wait for the end, at most [`SHUTDOWN_BOUND`]; `None` if it did not
-    /// end by then (see [`Supervisor::finish_shutdown`]).
-    pub fn shutdown(self) -> Option<Ended> {
+    /// Tear down and wait for the end, at most [`CLOSE_BOUND`]; `None` if it did not
+    /// end by then (see [`Supervisor::finish_close`]).
+    pub fn close(self) -> Option<Ended> {
         self.begin_shutdown();
-        self.finish_shutdown(Instant::now() + SHUTDOWN_BOUND)
+        self.finish_close(Instant::now() + CLOSE_BOUND)
     }
 
     /// Ask for the teardown without waiting (several interfaces then stop together).
@@ -187,7 +187,7 @@ impl Supervisor {
     /// Wait for the end until `deadline`. `None` if the supervisor had not ended by then
     /// (a hung poller or destroy): its threads are left behind, logged, and the caller
     /// goes on (the daemon exits).
-    pub fn finish_shutdown(mut self, deadline: Instant) -> Option<Ended> {
+    pub fn finish_close(mut self, deadline: Instant) -> Option<Ended> {
         match self.ended.recv_deadline(deadline) {
             Ok(e) => {
                 if let Some(t) = self.thread.take()

@@ -1,6 +1,6 @@
 //! The supervisor's thread: it runs the poller, and when the poller hands the interface
 //! over it feeds the restart machine ([`Recovery`]) what happened and performs what the
-//! machine asks, until a new epoch runs, the interface is dead and waiting, or a shutdown
+//! machine asks, until a new epoch runs, the interface is dead and waiting, or a close
 //! comes. No restart policy is decided here.
 
 use std::sync::Arc;
@@ -8,15 +8,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::{Receiver, Sender, select, unbounded};
 
+use super::close::close_timed;
 use super::reaper::ReaperThread;
-use super::teardown::tear_down;
-use super::{Order, Ended, HISTORY_LEN, SHUTDOWN_GRACE_CAP, Supervised};
+use super::{CLOSE_GRACE_CAP, Ended, HISTORY_LEN, Order, Supervised};
 use crate::iface::neigh::Neighbours;
-use crate::iface::recovery::{
-    Action, Attempt, Event, Recovery, RestartRecord, Revival, ms,
-};
+use crate::iface::recovery::{Action, Attempt, Event, Recovery, RestartRecord, Revival, ms};
 use crate::iface::stats;
-use crate::iface::{FLUSH_DEADLINE, Failure, Interface, KeptEndpoint, OpenError, Teardown};
+use crate::iface::{Closed, FLUSH_DEADLINE, Failure, Interface, KeptEndpoint, OpenError};
 use crate::runtime::poller::{Exit, Poller, SpawnFailed};
 use crate::tap::FrameIo;
 use crate::verbs::VerbsError;
@@ -29,7 +27,7 @@ fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// A shutdown came while the restart waited.
+/// A close came while the restart waited.
 struct Stop;
 
 /// The state of one supervisor's thread.
@@ -152,7 +150,7 @@ impl SupervisorThread {
         }
     }
 
-    /// Bring the interface back after `cause` (detected at `at`): `false` if a shutdown
+    /// Bring the interface back after `cause` (detected at `at`): `false` if a close
     /// came first.
     fn restart(&mut self, cause: Failure, untrusted: bool, at: Instant) -> bool {
         tracing::warn!(iface = %self.s.name, cause = cause.kind(), detail = %cause, epoch = self.machine.epoch(), "restarting the interface");
@@ -164,7 +162,7 @@ impl SupervisorThread {
     }
 
     /// Feed `ev` to the machine and perform what it asks, feeding back each outcome,
-    /// until it asks for nothing more (a poller runs) or a shutdown comes (`false`).
+    /// until it asks for nothing more (a poller runs) or a close comes (`false`).
     fn drive(&mut self, mut ev: Event) -> bool {
         loop {
             let actions = self.machine.handle(ev, Instant::now(), unix_ms());
@@ -197,8 +195,8 @@ impl SupervisorThread {
                 self.set_state(s.as_str());
                 None
             }
-            Action::ForgetLost => Some(Event::TornDown(self.forget_lost())),
-            Action::TearDown { drain, keep } => self.tear_down(drain, keep),
+            Action::ForgetLost => Some(Event::Closed(self.forget_lost())),
+            Action::Close { drain, keep } => self.close_timed(drain, keep),
             Action::CloseKept => {
                 if let Some(k) = self.kept.take() {
                     k.close(self.neigh.as_mut(), &self.s.stats);
@@ -208,7 +206,7 @@ impl SupervisorThread {
             Action::Open { epoch, on_kept } => Some(self.open(epoch, on_kept)),
             Action::CloseProbe => {
                 if let Some(iface) = self.iface.take() {
-                    let (t, neigh, _) = tear_down(iface, Duration::ZERO, None, false);
+                    let (t, neigh, _) = close_timed(iface, Duration::ZERO, None, false);
                     self.neigh = Some(neigh);
                     if t.ledger.is_err() {
                         tracing::error!(iface = %self.s.name, "ledger of a probe open does not balance");
@@ -216,7 +214,7 @@ impl SupervisorThread {
                 }
                 None
             }
-            Action::StartPoller { epoch } => Some(self.go_live(epoch)),
+            Action::StartPoller { epoch } => Some(self.start(epoch)),
             Action::WaitUntil(t) => Some(match self.orders.recv_deadline(t) {
                 Ok(Order::Restart) => Event::Operator,
                 Ok(Order::Shutdown) => return Err(Stop),
@@ -279,12 +277,12 @@ impl SupervisorThread {
 
     /// The interface was lost in a panic: its endpoint was dropped by the unwind, and its
     /// neighbour table with it. Nothing to drain or reap; nothing balanced.
-    fn forget_lost(&mut self) -> Teardown {
+    fn forget_lost(&mut self) -> Closed {
         self.iface = None;
         self.neigh = None;
         self.kept = None;
         self.reaper = None;
-        let t = Teardown {
+        let t = Closed {
             reaped: 0,
             sends_reaped: 0,
             flushed: 0,
@@ -293,7 +291,7 @@ impl SupervisorThread {
             errors: 0,
             ledger: Err(self.lost_ledger()),
             kept: false,
-            renew: Duration::ZERO,
+            restart: Duration::ZERO,
         };
         self.torn_down(&t);
         t
@@ -301,7 +299,7 @@ impl SupervisorThread {
 
     /// Tear down the interface in hand: drained (on the wall clock, at most
     /// [`FLUSH_DEADLINE`]) or not; its endpoint kept (QP and CQs renewed) or closed.
-    fn tear_down(&mut self, drain: bool, keep: bool) -> Option<Event> {
+    fn close_timed(&mut self, drain: bool, keep: bool) -> Option<Event> {
         let iface = self.iface.take()?;
         let deadline = if drain {
             FLUSH_DEADLINE
@@ -310,15 +308,15 @@ impl SupervisorThread {
         };
         // Kept, the TAP takes what the drain delivers; a lost device delivers nothing.
         let tap: Option<&dyn FrameIo> = if keep { Some(&*self.s.tap) } else { None };
-        let (t, neigh, kept) = tear_down(iface, deadline, tap, keep);
+        let (t, neigh, kept) = close_timed(iface, deadline, tap, keep);
         self.neigh = Some(neigh);
         self.kept = kept;
         self.torn_down(&t);
-        Some(Event::TornDown(t))
+        Some(Event::Closed(t))
     }
 
     /// What every teardown of a restart says, and keeps.
-    fn torn_down(&mut self, t: &Teardown) {
+    fn torn_down(&mut self, t: &Closed) {
         if let Err(e) = &t.ledger {
             tracing::error!(iface = %self.s.name, error = %e, "ledger does not balance after the reap");
         }
@@ -350,7 +348,7 @@ impl SupervisorThread {
                     no_device: false,
                 };
             };
-            Interface::reopen_timed(
+            Interface::open_on_timed(
                 kept,
                 &s.params,
                 s.stats.clone(),
@@ -388,7 +386,7 @@ impl SupervisorThread {
     /// Put the opened epoch to work: adapt the TAP if the device came back with another
     /// GID or MTU, start the poller with the carrier on. If the poller cannot start, the
     /// interface comes back.
-    fn go_live(&mut self, epoch: u16) -> Event {
+    fn start(&mut self, epoch: u16) -> Event {
         let Some(iface) = self.iface.take() else {
             return Event::PollerStartFailed;
         };
@@ -458,22 +456,22 @@ impl SupervisorThread {
         }
     }
 
-    /// A shutdown: destroy the replaced QPs and CQs as they come due, for at most
-    /// [`SHUTDOWN_GRACE_CAP`] (the teardown destroys the rest).
+    /// A close: destroy the replaced QPs and CQs as they come due, for at most
+    /// [`CLOSE_GRACE_CAP`] (the teardown destroys the rest).
     fn wait_out_grace(&self) {
         if let Some(r) = &self.reaper
             && r.next_due().is_some()
         {
             let start = Instant::now();
-            let done = retire::wait_out_grace(r.as_ref(), SHUTDOWN_GRACE_CAP);
+            let done = retire::wait_out_grace(r.as_ref(), CLOSE_GRACE_CAP);
             tracing::info!(iface = %self.s.name, waited_ms = ms(start.elapsed()), all_due = done, "waited for the replaced QPs' grace before the teardown");
         }
     }
 
-    /// Tear down at a shutdown: the replaced QPs' grace first, then everything.
+    /// Tear down at a close: the replaced QPs' grace first, then everything.
     fn final_teardown(&mut self, iface: Interface) {
         self.wait_out_grace();
-        let (t, _, _) = tear_down(iface, FLUSH_DEADLINE, Some(&*self.s.tap), false);
+        let (t, _, _) = close_timed(iface, FLUSH_DEADLINE, Some(&*self.s.tap), false);
         self.last_ledger = t.ledger;
     }
 

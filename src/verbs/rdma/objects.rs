@@ -90,7 +90,7 @@ pub(super) fn set_nonblocking(fd: RawFd, what: &'static str) -> Result<(), Verbs
     Ok(())
 }
 
-/// Teardown counters shared by a provider and every endpoint it opened.
+/// Closed counters shared by a provider and every endpoint it opened.
 #[derive(Debug, Default)]
 pub(super) struct TeardownCounters {
     /// Destroy/detach verbs that failed (logged with `warn!`).

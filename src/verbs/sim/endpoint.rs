@@ -363,11 +363,11 @@ impl Endpoint for SimEndpoint {
         }
         Ok(())
     }
-    fn renew(&mut self) -> Result<(), VerbsError> {
-        self.renew_qp(false)
+    fn restart(&mut self) -> Result<(), VerbsError> {
+        self.restart_qp(false)
     }
-    fn renew_destroying_old(&mut self) -> Result<(), VerbsError> {
-        self.renew_qp(true)
+    fn restart_destroying_old(&mut self) -> Result<(), VerbsError> {
+        self.restart_qp(true)
     }
 
     fn reaper(&self) -> Option<Arc<dyn Reaper>> {
@@ -384,12 +384,12 @@ impl Endpoint for SimEndpoint {
 }
 
 impl SimEndpoint {
-    /// [`Endpoint::renew`]: a new QP (new number, empty queues and CQs) on the same
+    /// [`Endpoint::restart`]: a new QP (new number, empty queues and CQs) on the same
     /// device, slot memory and address handles, in the old one's multicast groups; the
     /// old QP leaves the fabric, and what was posted on it never completes.
     /// With `destroy_old`, the old QP is destroyed here (recorded on this thread, at
     /// once) instead of being retired for its grace.
-    fn renew_qp(&mut self, destroy_old: bool) -> Result<(), VerbsError> {
+    fn restart_qp(&mut self, destroy_old: bool) -> Result<(), VerbsError> {
         let mut topo = write(&self.fabric.topo);
         let dev = &topo.devices[self.qp.device];
         let gid_now = dev.gids.get(usize::from(self.attrs.gid_index)).copied();
@@ -430,7 +430,9 @@ impl SimEndpoint {
         self.qp = qp;
         self.attrs.qpn = qpn;
         self.polled.clear();
-        self.fabric.renewals.fetch_add(1, Ordering::Relaxed);
+        self.fabric
+            .endpoint_restarts
+            .fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 }

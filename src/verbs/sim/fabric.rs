@@ -56,7 +56,7 @@ impl SimFabric {
                 }),
                 counters: AtomicCounters::default(),
                 opens: AtomicU64::new(0),
-                renewals: AtomicU64::new(0),
+                endpoint_restarts: AtomicU64::new(0),
                 retire_grace: Mutex::new(Duration::ZERO),
                 destroyed: Mutex::new(Vec::new()),
             }),
@@ -69,9 +69,9 @@ impl SimFabric {
         self.inner.opens.load(Ordering::Relaxed)
     }
 
-    /// [`Endpoint::renew`]s so far (a new QP and CQs on an endpoint kept open).
-    pub fn renewals(&self) -> u64 {
-        self.inner.renewals.load(Ordering::Relaxed)
+    /// [`Endpoint::restart`]s so far (a new QP and CQs on an endpoint kept open).
+    pub fn endpoint_restarts(&self) -> u64 {
+        self.inner.endpoint_restarts.load(Ordering::Relaxed)
     }
 
     /// How long the QP a renewal replaced waits before it is destroyed, for endpoints

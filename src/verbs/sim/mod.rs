@@ -175,8 +175,8 @@ struct Fabric {
     /// Successful opens: each stands for a device context, a PD and a memory
     /// registration of the slots on real verbs.
     opens: AtomicU64,
-    /// Successful [`Endpoint::renew`]s: a new QP and CQs, nothing else.
-    renewals: AtomicU64,
+    /// Successful [`Endpoint::restart`]s: a new QP and CQs, nothing else.
+    endpoint_restarts: AtomicU64,
     /// How long a renewal's replaced QP waits before it is destroyed.
     retire_grace: Mutex<Duration>,
     /// The destroys of replaced QPs, in order.
@@ -361,6 +361,6 @@ struct SimEndpoint {
     spare: Vec<Vec<u8>>,
     /// Read end of the simulated completion channel, while watched.
     channel: Option<UnixStream>,
-    /// QPs renewals replaced, until the reaper (or the drop) destroys them.
+    /// QPs endpoint_restarts replaced, until the reaper (or the drop) destroys them.
     retired: Arc<RetireQueue<SimRetired>>,
 }

@@ -53,7 +53,7 @@ impl Qp {
         }
     }
 
-    /// The same QP under a new number, with empty queues (for [`Endpoint::renew`]).
+    /// The same QP under a new number, with empty queues (for [`Endpoint::restart`]).
     pub(super) fn renumbered(&self, qpn: u32) -> Qp {
         Qp::new(Qp {
             qpn,

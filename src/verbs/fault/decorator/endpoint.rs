@@ -52,7 +52,7 @@ struct FaultyEndpoint {
     shared: Arc<EpShared>,
     failed: bool,
     /// A device-loss event (`DeviceFatal`, `DeviceRemoved`) this endpoint delivered:
-    /// `renew` refuses after it, as the real provider does.
+    /// `restart` refuses after it, as the real provider does.
     lost: Option<AsyncEvent>,
     async_rx: Option<UnixStream>,
     cq_rx: Option<UnixStream>,
@@ -438,8 +438,8 @@ impl Endpoint for FaultyEndpoint {
         }
         self.inner.set_qp_error()
     }
-    fn maintain(&mut self) -> Result<(), VerbsError> {
-        self.inner.maintain()
+    fn prepare_spare(&mut self) -> Result<(), VerbsError> {
+        self.inner.prepare_spare()
     }
 
     fn reaper(&self) -> Option<Arc<dyn crate::verbs::retire::Reaper>> {
@@ -452,17 +452,17 @@ impl Endpoint for FaultyEndpoint {
     /// Refused while the device is hidden or after this endpoint delivered a device loss;
     /// else the inner endpoint renews, and this endpoint's per-QP fault state (a failed
     /// poll, stalled sends, spurious events, corrupted copies) starts afresh.
-    fn renew(&mut self) -> Result<(), VerbsError> {
-        self.renew_with(false)
+    fn restart(&mut self) -> Result<(), VerbsError> {
+        self.restart_with(false)
     }
-    /// As [`Endpoint::renew`] here, counted apart ([`FaultSwitch::renewals_destroying`]).
-    fn renew_destroying_old(&mut self) -> Result<(), VerbsError> {
-        self.renew_with(true)
+    /// As [`Endpoint::restart`] here, counted apart ([`FaultSwitch::endpoint_restarts_destroying`]).
+    fn restart_destroying_old(&mut self) -> Result<(), VerbsError> {
+        self.restart_with(true)
     }
 }
 
 impl FaultyEndpoint {
-    fn renew_with(&mut self, destroy_old: bool) -> Result<(), VerbsError> {
+    fn restart_with(&mut self, destroy_old: bool) -> Result<(), VerbsError> {
         if self.switch.hidden.load(Ordering::SeqCst) {
             return Err(VerbsError::RenewRefused(
                 "the device is gone (hidden)".into(),
@@ -474,12 +474,12 @@ impl FaultyEndpoint {
             )));
         }
         if destroy_old {
-            self.inner.renew_destroying_old()?;
+            self.inner.restart_destroying_old()?;
             self.switch
-                .renewals_destroying
+                .endpoint_restarts_destroying
                 .fetch_add(1, Ordering::SeqCst);
         } else {
-            self.inner.renew()?;
+            self.inner.restart()?;
         }
         self.failed = false;
         self.switch.unstall(&self.shared);
@@ -500,7 +500,7 @@ impl FaultyEndpoint {
         self.shared = shared;
         self.recv_slots.clear();
         self.spare.extend(self.corrupted.drain(..).map(|(_, b)| b));
-        self.switch.renewals.fetch_add(1, Ordering::SeqCst);
+        self.switch.endpoint_restarts.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 }

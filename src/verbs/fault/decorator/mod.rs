@@ -171,8 +171,8 @@ pub struct FaultSwitch {
     polls_after_failure: AtomicU64,
     hidden: AtomicBool,
     opens: AtomicU64,
-    renewals: AtomicU64,
-    renewals_destroying: AtomicU64,
+    endpoint_restarts: AtomicU64,
+    endpoint_restarts_destroying: AtomicU64,
     refuse_qp_error: AtomicBool,
     async_events: Mutex<VecDeque<AsyncEvent>>,
     endpoints: Mutex<Vec<Arc<EpShared>>>,
@@ -371,16 +371,16 @@ impl FaultSwitch {
         self.opens.load(Ordering::SeqCst)
     }
 
-    /// Successful [`Endpoint::renew`]s of endpoints opened through this switch's provider
+    /// Successful [`Endpoint::restart`]s of endpoints opened through this switch's provider
     /// (a new QP and CQs on a kept device context and memory).
-    pub fn renewals(&self) -> u64 {
-        self.renewals.load(Ordering::SeqCst)
+    pub fn endpoint_restarts(&self) -> u64 {
+        self.endpoint_restarts.load(Ordering::SeqCst)
     }
 
-    /// Of [`FaultSwitch::renewals`], those that destroyed the old QP at once
-    /// ([`Endpoint::renew_destroying_old`]) instead of keeping it for its grace.
-    pub fn renewals_destroying(&self) -> u64 {
-        self.renewals_destroying.load(Ordering::SeqCst)
+    /// Of [`FaultSwitch::endpoint_restarts`], those that destroyed the old QP at once
+    /// ([`Endpoint::restart_destroying_old`]) instead of keeping it for its grace.
+    pub fn endpoint_restarts_destroying(&self) -> u64 {
+        self.endpoint_restarts_destroying.load(Ordering::SeqCst)
     }
 
     /// Make the next `post_send` post its chain and then fail naming a `bad_wr` outside

@@ -117,14 +117,14 @@ fn renew_starts_the_qp_afresh_and_refuses_after_a_device_loss() {
     assert!(r.a.poll_cq(CqKind::Recv, &mut out).is_err());
     // A failed poll is never retried on that QP; after a renewal the QP is another.
     let qpn = r.a.attrs().qpn;
-    r.a.renew().unwrap();
+    r.a.restart().unwrap();
     assert_ne!(r.a.attrs().qpn, qpn);
-    assert_eq!((r.switch.opens(), r.switch.renewals()), (1, 1));
+    assert_eq!((r.switch.opens(), r.switch.endpoint_restarts()), (1, 1));
     assert!(r.a.poll_cq(CqKind::Recv, &mut out).is_ok());
     assert_eq!(r.switch.polls_after_failure(), 0);
     // A hidden device (gone) cannot be renewed ...
     r.switch.hide_device(true);
-    assert!(matches!(r.a.renew(), Err(VerbsError::RenewRefused(_))));
+    assert!(matches!(r.a.restart(), Err(VerbsError::RenewRefused(_))));
     r.switch.hide_device(false);
     // ... nor one whose loss this endpoint reported.
     r.switch.inject_async(AsyncEvent::DeviceFatal);
@@ -132,8 +132,8 @@ fn renew_starts_the_qp_afresh_and_refuses_after_a_device_loss() {
         r.a.next_async_event().unwrap(),
         Some(AsyncEvent::DeviceFatal)
     );
-    assert!(matches!(r.a.renew(), Err(VerbsError::RenewRefused(_))));
-    assert_eq!(r.switch.renewals(), 1);
+    assert!(matches!(r.a.restart(), Err(VerbsError::RenewRefused(_))));
+    assert_eq!(r.switch.endpoint_restarts(), 1);
 }
 
 #[test]

@@ -107,7 +107,7 @@ impl Retired {
     }
 }
 
-/// A UD QP in RTS on its own two CQs, made ahead of a renewal by `maintain` and not used
+/// A UD QP in RTS on its own two CQs, made ahead of a renewal by `prepare_spare` and not used
 /// until then: nothing posted, in no group, the CQs not armed.
 struct Queues {
     qp: Qp,
@@ -132,7 +132,7 @@ struct McastJoin {
 /// [`RdmaEndpoint::close`] does the same and returns the first failure.
 pub struct RdmaEndpoint {
     attrs: EndpointAttrs,
-    /// What it was opened with (`renew` re-reads the port and GID table against it).
+    /// What it was opened with (`restart` re-reads the port and GID table against it).
     cfg: EndpointConfig,
     log: TeardownLog,
     link_layer: u8,
@@ -169,14 +169,14 @@ pub struct RdmaEndpoint {
     /// removal is seen only through DEVICE_FATAL, on drivers that send it). First to go:
     /// the kernel's removal waits for it before it waits for the verbs contexts.
     watcher: Option<RemovalWatcher>,
-    /// The QPs and CQs that renewals replaced, until their grace is over (see
+    /// The QPs and CQs that endpoint_restarts replaced, until their grace is over (see
     /// [`crate::verbs::retire`]), destroyed by whoever holds the reaper (never the
     /// poller); first to go in a teardown: they depend on the PD, channel and context
     /// like the live ones.
     retired: Arc<RetireQueue<Retired>>,
-    /// The QP and CQs the next renewal will use, prepared by `maintain`.
+    /// The QP and CQs the next renewal will use, prepared by `prepare_spare`.
     spare: Option<Queues>,
-    /// Creating the spare failed since the last renewal: `maintain` does not retry.
+    /// Creating the spare failed since the last renewal: `prepare_spare` does not retry.
     spare_refused: bool,
     mcast: Vec<McastJoin>,
     ahs: Vec<Option<Ah>>,
@@ -417,15 +417,15 @@ impl Endpoint for RdmaEndpoint {
         )
     }
 
-    fn renew(&mut self) -> Result<(), VerbsError> {
-        self.renew_queues(false)
+    fn restart(&mut self) -> Result<(), VerbsError> {
+        self.restart_queues(false)
     }
 
-    fn renew_destroying_old(&mut self) -> Result<(), VerbsError> {
-        self.renew_queues(true)
+    fn restart_destroying_old(&mut self) -> Result<(), VerbsError> {
+        self.restart_queues(true)
     }
 
-    fn maintain(&mut self) -> Result<(), VerbsError> {
+    fn prepare_spare(&mut self) -> Result<(), VerbsError> {
         self.maintain_queues()
     }
 

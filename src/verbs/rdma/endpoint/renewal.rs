@@ -1,4 +1,4 @@
-//! Renewal: a new QP and CQs in place of the old ones (made ahead by `maintain` when it
+//! Renewal: a new QP and CQs in place of the old ones (made ahead by `prepare_spare` when it
 //! can), keeping the context, PD, memory and channel; the old ones retired for their
 //! grace or destroyed at once; and the GID check that says whether a renewal may be done.
 
@@ -16,7 +16,7 @@ use crate::verbs::Endpoint;
 use crate::verbs::{Gid, VerbsError};
 
 impl RdmaEndpoint {
-    /// [`Endpoint::maintain`]: prepare the spare queues (the retired ones are the
+    /// [`Endpoint::prepare_spare`]: prepare the spare queues (the retired ones are the
     /// reaper's).
     pub(super) fn maintain_queues(&mut self) -> Result<(), VerbsError> {
         if self.spare.is_none() && !self.spare_refused && self.lost.is_none() && !self.torn_down {
@@ -40,16 +40,16 @@ impl RdmaEndpoint {
         Ok(())
     }
 
-    /// [`Endpoint::renew`]: new CQs and QP are created, brought up and attached to the
+    /// [`Endpoint::restart`]: new CQs and QP are created, brought up and attached to the
     /// endpoint's multicast groups while the old ones still exist, and swapped in only
     /// when all of that worked; then the old QP is detached and kept aside with its CQs
     /// (`retired`) until the reaper destroys it. The new QP and CQs are the spare ones
-    /// `maintain` prepared, if it did.
+    /// `prepare_spare` prepared, if it did.
     /// On any failure before the swap nothing changes; a failed destroy of the old objects is logged, counted and returned (the
     /// object is forgotten, the new ones are in place).
     /// With `destroy_old`, the old QP and CQs are destroyed here, before returning, instead
-    /// of being retired (see [`Endpoint::renew_destroying_old`]).
-    pub(super) fn renew_queues(&mut self, destroy_old: bool) -> Result<(), VerbsError> {
+    /// of being retired (see [`Endpoint::restart_destroying_old`]).
+    pub(super) fn restart_queues(&mut self, destroy_old: bool) -> Result<(), VerbsError> {
         if let Some(ev) = self.lost {
             return Err(VerbsError::RenewRefused(format!(
                 "the device was lost ({ev:?})"
@@ -92,7 +92,7 @@ impl RdmaEndpoint {
             )));
         }
         mark(1);
-        // The queues prepared ahead (`maintain`), else new ones now.
+        // The queues prepared ahead (`prepare_spare`), else new ones now.
         let spare_used = self.spare.is_some();
         let Queues {
             qp,

@@ -307,9 +307,13 @@ fn renew_replaces_the_qp_and_keeps_memory_and_handles() {
     // Watched while renewing: the channel hears the new QP.
     let poll = mio::Poll::new().unwrap();
     let fds = watch_with(&mut *b, poll.registry(), mio::Token(1), mio::Token(2));
-    assert_eq!((f.opens(), f.renewals()), (2, 0));
-    b.renew().unwrap();
-    assert_eq!((f.opens(), f.renewals()), (2, 1), "no open, one renewal");
+    assert_eq!((f.opens(), f.endpoint_restarts()), (2, 0));
+    b.restart().unwrap();
+    assert_eq!(
+        (f.opens(), f.endpoint_restarts()),
+        (2, 1),
+        "no open, one renewal"
+    );
     let new = b.attrs().qpn;
     assert!(new > old, "a new QPN: {old} -> {new}");
     assert_eq!(f.live_qps(), 2);
@@ -354,9 +358,9 @@ fn renew_refuses_when_the_port_changed() {
     let qpn = a.attrs().qpn;
     f.reconfigure_device("a", Ipv4Addr::new(10, 0, 0, 9), 2048)
         .unwrap();
-    assert!(matches!(a.renew(), Err(VerbsError::RenewRefused(_))));
+    assert!(matches!(a.restart(), Err(VerbsError::RenewRefused(_))));
     assert_eq!(a.attrs().qpn, qpn, "nothing changed");
-    assert_eq!(f.renewals(), 0);
+    assert_eq!(f.endpoint_restarts(), 0);
     drop(a);
     assert_eq!(f.live_qps(), 0);
 }

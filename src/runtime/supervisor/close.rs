@@ -1,11 +1,11 @@
 //! Tearing an interface down on the wall clock: the drain of flush completions is
 //! polled here, bounded by a deadline and napping while none has arrived yet; the
-//! interface ([`Interface::begin_teardown`], [`Closing`]) only polls when asked.
+//! interface ([`Interface::begin_close`], [`Closing`]) only polls when asked.
 
 use std::time::{Duration, Instant};
 
 use crate::iface::neigh::Neighbours;
-use crate::iface::{Closing, DrainStep, Interface, KeptEndpoint, Teardown};
+use crate::iface::{Closed, Closing, DrainStep, Interface, KeptEndpoint};
 use crate::tap::FrameIo;
 
 /// How long a teardown sleeps when a drain poll finds no flush completion yet (rxe
@@ -28,14 +28,14 @@ pub fn drain(c: &mut Closing, tap: Option<&dyn FrameIo>, start: Instant, deadlin
 /// Tear `iface` down: QP to error, flushes drained for at most `deadline` (none after a
 /// failed poll), then destroyed, or with `keep` its endpoint kept with a new QP and CQs
 /// ([`Closing::finish`]), timed on the wall clock.
-pub fn tear_down(
+pub fn close_timed(
     iface: Interface,
     deadline: Duration,
     tap: Option<&dyn FrameIo>,
     keep: bool,
-) -> (Teardown, Neighbours, Option<KeptEndpoint>) {
+) -> (Closed, Neighbours, Option<KeptEndpoint>) {
     let start = Instant::now();
-    let mut c = iface.begin_teardown();
+    let mut c = iface.begin_close();
     drain(&mut c, tap, start, deadline);
     let drained = start.elapsed();
     let (mut t, neigh, kept) = c.finish(tap, keep, Some(&Instant::now));
@@ -48,41 +48,41 @@ pub trait Close {
     /// Tear down in order: QP to error, drain flushes (bounded by `deadline`), detach
     /// the group, destroy AHs, destroy the endpoint, reap what never completed, check
     /// the ledger. Receives that complete during the drain have nowhere to go and are
-    /// counted as dropped (`rx_teardown`): use [`Close::shutdown_into`] where the TAP is
+    /// counted as dropped (`rx_teardown`): use [`Close::close_into`] where the TAP is
     /// still there. The neighbour table is handed back for the next epoch.
-    fn shutdown(self, deadline: Duration) -> (Teardown, Neighbours);
+    fn close(self, deadline: Duration) -> (Closed, Neighbours);
 
-    /// [`Close::shutdown`], delivering the receives that complete during the drain to
+    /// [`Close::close`], delivering the receives that complete during the drain to
     /// `tap`.
-    fn shutdown_into(self, deadline: Duration, tap: &dyn FrameIo) -> (Teardown, Neighbours);
+    fn close_into(self, deadline: Duration, tap: &dyn FrameIo) -> (Closed, Neighbours);
 
-    /// Like [`Close::shutdown_into`], but the endpoint is kept with a new QP and CQs and
-    /// handed back for [`Interface::reopen`] (`None` if the renewal failed); see
+    /// Like [`Close::close_into`], but the endpoint is kept with a new QP and CQs and
+    /// handed back for [`Interface::open_on`] (`None` if the renewal failed); see
     /// [`Closing::finish`]. After a failed poll there is no drain and the old QP is
     /// destroyed first. Not for a lost device.
-    fn recycle(
+    fn close_keeping(
         self,
         deadline: Duration,
         tap: &dyn FrameIo,
-    ) -> (Teardown, Neighbours, Option<KeptEndpoint>);
+    ) -> (Closed, Neighbours, Option<KeptEndpoint>);
 }
 
 impl Close for Interface {
-    fn shutdown(self, deadline: Duration) -> (Teardown, Neighbours) {
-        let (t, neigh, _) = tear_down(self, deadline, None, false);
+    fn close(self, deadline: Duration) -> (Closed, Neighbours) {
+        let (t, neigh, _) = close_timed(self, deadline, None, false);
         (t, neigh)
     }
 
-    fn shutdown_into(self, deadline: Duration, tap: &dyn FrameIo) -> (Teardown, Neighbours) {
-        let (t, neigh, _) = tear_down(self, deadline, Some(tap), false);
+    fn close_into(self, deadline: Duration, tap: &dyn FrameIo) -> (Closed, Neighbours) {
+        let (t, neigh, _) = close_timed(self, deadline, Some(tap), false);
         (t, neigh)
     }
 
-    fn recycle(
+    fn close_keeping(
         self,
         deadline: Duration,
         tap: &dyn FrameIo,
-    ) -> (Teardown, Neighbours, Option<KeptEndpoint>) {
-        tear_down(self, deadline, Some(tap), true)
+    ) -> (Closed, Neighbours, Option<KeptEndpoint>) {
+        close_timed(self, deadline, Some(tap), true)
     }
 }

@@ -8,7 +8,7 @@ use super::*;
 
 /// What a teardown found.
 #[derive(Debug, Clone)]
-pub struct Teardown {
+pub struct Closed {
     /// Work requests reaped (their completion never came).
     pub reaped: u64,
     /// Of those, sends (each counted as a drop with reason `reaped`).
@@ -25,15 +25,15 @@ pub struct Teardown {
     /// The ledger's verdict after the reap.
     pub ledger: Result<(), String>,
     /// Whether the endpoint was kept for the next epoch ([`Closing::finish`] with `keep`,
-    /// [`Endpoint::renew`] working): only its QP and CQs were replaced. Of `destroy`,
-    /// `renew` was spent replacing them.
+    /// [`Endpoint::restart`] working): only its QP and CQs were replaced. Of `destroy`,
+    /// `restart` was spent replacing them.
     pub kept: bool,
-    /// Time spent in [`Endpoint::renew`] (zero when not kept).
-    pub renew: Duration,
+    /// Time spent in [`Endpoint::restart`] (zero when not kept).
+    pub restart: Duration,
 }
 
 /// An endpoint kept across a restart by [`Closing::finish`] (QP and CQs renewed),
-/// with the broadcast group's address handle, for [`Interface::reopen`].
+/// with the broadcast group's address handle, for [`Interface::open_on`].
 pub struct KeptEndpoint {
     pub(super) ep: Box<dyn Endpoint>,
     pub(super) group_ah: AhHandle,
@@ -87,7 +87,7 @@ impl Interface {
     /// comes back as a flush completion. After a failed poll nothing of this epoch is
     /// polled again: the QP is not moved and nothing is drained; so it is when the move
     /// fails (the QP is then destroyed before anything it may own is reaped).
-    pub fn begin_teardown(mut self) -> Closing {
+    pub fn begin_close(mut self) -> Closing {
         let flushed_before =
             stats::get(&self.stats.recv_flushed) + stats::get(&self.stats.send_flushed);
         self.draining = true;
@@ -145,27 +145,27 @@ impl Closing {
     /// counted. The neighbour table is handed back for the next epoch.
     ///
     /// With `keep`, instead of destroying the endpoint, its QP and CQs are replaced
-    /// ([`Endpoint::renew`]) and it is handed back for [`Interface::reopen`]: device
+    /// ([`Endpoint::restart`]) and it is handed back for [`Interface::open_on`]: device
     /// context, PD, registered memory, completion channel, the broadcast group's
     /// membership and the neighbours' address handles survive. What was posted on the
     /// old QP is reaped exactly as after a full teardown (the old QP and CQs are
     /// destroyed, so no completion of this epoch can come). If the renewal fails the
     /// endpoint is closed (`None`): open a new one. After a failed poll (or a QP that
     /// could not be moved to the error state) the old QP is destroyed at once
-    /// ([`Endpoint::renew_destroying_old`]) before any work request is reaped; a QP in
+    /// ([`Endpoint::restart_destroying_old`]) before any work request is reaped; a QP in
     /// the error state is kept aside for its grace, even when some of its flushes had
     /// not arrived (rxe is still flushing it then). Not for a lost device: a removal
     /// waits for every context on the device to close.
     ///
-    /// `clock`, when given, times the destroy and the renewal (`Teardown::destroy`,
-    /// `Teardown::renew`); the drain's time is the caller's to fill in.
+    /// `clock`, when given, times the destroy and the renewal (`Closed::destroy`,
+    /// `Closed::restart`); the drain's time is the caller's to fill in.
     pub fn finish(
         self,
         tap: Option<&dyn FrameIo>,
         keep: bool,
         clock: Option<Clock<'_>>,
-    ) -> (Teardown, Neighbours, Option<KeptEndpoint>) {
-        let mut t = Teardown {
+    ) -> (Closed, Neighbours, Option<KeptEndpoint>) {
+        let mut t = Closed {
             reaped: 0,
             sends_reaped: 0,
             flushed: 0,
@@ -174,7 +174,7 @@ impl Closing {
             errors: self.errors,
             ledger: Ok(()),
             kept: false,
-            renew: Duration::ZERO,
+            restart: Duration::ZERO,
         };
         if self.drainable {
             if let Some(tap) = tap {
@@ -199,7 +199,7 @@ impl Closing {
         // Kept, the endpoint moves the group over to its new QP itself and its address
         // handles stay valid: only the retiring ones go.
         if keep {
-            return iface.teardown_keep(t, watch, destroy_start, self.flushed_before);
+            return iface.close_keep(t, watch, destroy_start, self.flushed_before);
         }
         if iface.group_attached {
             if let Err(e) = iface.ep.detach_mcast(&iface.group) {
@@ -236,13 +236,13 @@ impl Interface {
     /// CQs renewed (after which no completion can come for anything still posted, so it
     /// is reaped), the live AHs and the group kept. If the renewal fails, everything is
     /// destroyed as in a full teardown.
-    pub(super) fn teardown_keep(
+    pub(super) fn close_keep(
         mut self,
-        mut t: Teardown,
+        mut t: Closed,
         watch: Stopwatch<'_>,
         destroy_start: Option<Instant>,
         flushed_before: u64,
-    ) -> (Teardown, Neighbours, Option<KeptEndpoint>) {
+    ) -> (Closed, Neighbours, Option<KeptEndpoint>) {
         let mut ahs = self.neigh.take_retiring_ahs();
         ahs.append(&mut self.destroy);
         for ah in ahs {
@@ -256,11 +256,11 @@ impl Interface {
         }
         let renew_start = watch.mark();
         let renewed = if self.untrusted {
-            self.ep.renew_destroying_old()
+            self.ep.restart_destroying_old()
         } else {
-            self.ep.renew()
+            self.ep.restart()
         };
-        t.renew = watch.since(renew_start);
+        t.restart = watch.since(renew_start);
         let kept = match renewed {
             Ok(()) => Some(KeptEndpoint {
                 ep: self.ep,
@@ -283,7 +283,7 @@ impl Interface {
 
     /// Reap what never completed and check the ledger (the endpoint is gone or renewed).
     /// Takes the parts it needs: the endpoint has been moved out by then.
-    pub(super) fn reap(ledger: &mut Ledger, stats: &Stats, t: &mut Teardown, flushed_before: u64) {
+    pub(super) fn reap(ledger: &mut Ledger, stats: &Stats, t: &mut Closed, flushed_before: u64) {
         // Sends reaped never completed: whether they left is unknown, so each is counted
         // as dropped with reason `reaped`.
         for _ in ledger.reap_all() {
