@@ -13,7 +13,7 @@ use tracing_subscriber::EnvFilter;
 use uipoib::iface::stats::Snapshot;
 use uipoib::runtime::config::{Config, ConfigError, ConfigKeys};
 use uipoib::runtime::control;
-use uipoib::runtime::daemon::{self, Spec};
+use uipoib::runtime::daemon::{self, Launch};
 use uipoib::runtime::supervisor::Status;
 use uipoib::scenario::{Runner, Scenario};
 use uipoib::verbs::fault::FaultSpec;
@@ -471,7 +471,7 @@ fn main() -> ExitCode {
             };
             let provider = Arc::new(RdmaProvider::new());
             match daemon::run(
-                vec![Spec {
+                vec![Launch {
                     config: cfg,
                     netns: None,
                 }],
@@ -709,7 +709,7 @@ fn sim_pair(a: SimPairArgs) -> ExitCode {
             ..Default::default()
         };
         match Config::from_keys(a.tune.apply(f)) {
-            Ok(config) => specs.push(Spec {
+            Ok(config) => specs.push(Launch {
                 config,
                 netns: Some(ns.clone()),
             }),

@@ -51,7 +51,7 @@ pub enum DaemonError {
 }
 
 /// One interface to run.
-pub struct Spec {
+pub struct Launch {
     /// Its validated configuration.
     pub config: Config,
     /// Network namespace to move the TAP into (tests).
@@ -86,7 +86,7 @@ struct Running {
 
 /// Run interfaces until SIGINT/SIGTERM (or until `stop` receives), then tear down.
 pub fn run(
-    specs: Vec<Spec>,
+    specs: Vec<Launch>,
     provider: Arc<dyn Provider>,
     stop: Option<Receiver<()>>,
 ) -> Result<Outcome, DaemonError> {
@@ -163,7 +163,7 @@ fn stop_all(running: Vec<Running>, bound: std::time::Duration) -> Outcome {
     outcome
 }
 
-fn start(spec: &Spec, provider: Arc<dyn Provider>) -> Result<Running, DaemonError> {
+fn start(spec: &Launch, provider: Arc<dyn Provider>) -> Result<Running, DaemonError> {
     let c = &spec.config;
     // Every interface's endpoints go through its own fault switch: inert unless a fault
     // is injected through the control socket, which serves injection only with
