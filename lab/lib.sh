@@ -16,7 +16,7 @@
 #   lab_uipoib OUTDIR BUILD        the same, recorded in OUTDIR/build.status and staged
 #   lab_stage_bin OUTDIR NAME PATH STATUS  the guests' private copy of a binary
 #   lab_guest_kver                 the kernel's name for a report ("unavailable" if none)
-#   lab_report KIND ARGS...        lab/report.py KIND ARGS...
+#   lab_report KIND ARGS...        python3 lab/report KIND ARGS...
 #
 # Environment:
 #   UIPOIB_LAB_CACHE  cache dir for kernel + initramfs (default /var/cache/uipoib-lab)
@@ -491,5 +491,5 @@ lab_guest_kver() {
 # (which the report explains), not the caller's end.
 lab_guests() { "$LAB_SCRIPTS_DIR/lab" vm run "$@"; }
 
-# lab_report KIND ARGS...: the report of a run (lab/report.py).
-lab_report() { python3 "$LAB_DIR/report.py" "$@"; }
+# lab_report KIND ARGS...: the report of a run (lab/report/).
+lab_report() { python3 "$LAB_DIR/report" "$@"; }
