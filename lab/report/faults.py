@@ -1,61 +1,23 @@
-#!/usr/bin/env python3
-"""Build the summary of a `scripts/faults` run from the files it left in OUTDIR.
+"""The report of scripts/faults: every scenario's table, one row per injected fault."""
 
-Usage: scripts/faults-report OUTDIR [--check] [--vm-rc N] [--elapsed S] [--vm-elapsed S]
-
-Prints each scenario's own table (OUTDIR/faults/NAME.txt, from `uipoib fault run`), then
-one summary table with a row per injected fault:
-  detect ms     injection to detection (the engine's detect_ms)
-  resume ms     injection to traffic flowing again (resume_ms)
-  recovery ms   detection to the interface running again (recovery_ms)
-  WRs reaped, drops (by reason), ledger (balanced after the fault), iperf3 Mbit/s
-  before/during/after the fault (as iperf3 measured them), pass/FAIL
-and then every failure. Writes OUTDIR/faults-summary.txt and OUTDIR/faults-summary.json.
-
-A scenario fails when the engine says so (its expectations, its exit status), when it
-hit the time limit, when its report is missing or unreadable, or when the daemon had to
-be repaired after it (revived from `dead`, started again, the device added back, ...).
-Exit status 1 if a scenario failed, a guest step failed (daemon up, ping, counters at
-rest, the daemons' exit after SIGTERM), or a guest did not finish. With --check also if
-a result or measurement is missing, the build failed or lab-vm failed.
-"""
-
-import argparse
-import json
 import os
 import re
-import sys
+
+from common import (
+    read,
+    read_json,
+    text,
+    read_env,
+    steps_of,
+    guest_failures,
+    num,
+    fmt,
+    verdict,
+    finish,
+)
 
 
-def read(path):
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def read_json(path):
-    """(value, error): error is None, 'missing' or the parse error."""
-    t = read(path)
-    if t is None:
-        return None, "missing"
-    if not t.strip():
-        return None, "empty"
-    try:
-        return json.loads(t), None
-    except ValueError as e:
-        return None, f"not JSON ({e})"
-
-
-def num(v):
-    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def fmt(v, spec=".0f"):
-    v = num(v)
-    return "-" if v is None else format(v, spec)
-
+# ---- faults: scripts/faults ---------------------------------------------------------------
 
 def trio(d):
     d = d if isinstance(d, dict) else {}
@@ -73,23 +35,12 @@ def clip(s, n):
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out")
-    ap.add_argument("--check", action="store_true")
-    ap.add_argument("--vm-rc", type=int)
-    ap.add_argument("--elapsed", type=float)
-    ap.add_argument("--vm-elapsed", type=float)
-    a = ap.parse_args()
+def faults(a):
     out = a.out
     F = os.path.join(out, "faults")
 
-    env = {}
-    for line in (read(os.path.join(out, "faults.env")) or "").splitlines():
-        m = re.match(r"([A-Z_]+)=(.*)$", line)
-        if m:
-            env[m.group(1)] = m.group(2).strip("'\"")
-    build = (read(os.path.join(out, "build.status")) or "unknown").strip()
+    env = read_env(os.path.join(out, "faults.env"))
+    build = text(os.path.join(out, "build.status")) or "unknown"
     scen_list = []
     for line in (read(os.path.join(out, "scenarios", "list")) or "").splitlines():
         if line.strip():
@@ -103,27 +54,13 @@ def main():
     missing = []  # -> exit 1 with --check
     problems = []  # -> exit 1 with --check
 
-    def step(role, name):
-        s = read(os.path.join(out, "status", f"{role}.{name}"))
-        return s.strip() if s is not None else None
-
     # --- guests ---
-    guests = {}
-    for r in "ab":
-        rc = (read(os.path.join(out, f"{r}.rc")) or "").strip() or None
-        guests[r] = rc
-        if rc is None:
-            failures.append(f"guest {r} did not run (lab-vm exited {a.vm_rc}; see {r}.console)")
-        elif rc == "124":
-            failures.append(f"guest {r} timed out (LAB_TIMEOUT {env.get('LAB_TIMEOUT')}s; see {r}.log)")
-        elif rc == "125":
-            failures.append(f"guest {r}: lab setup failed in the guest (see {r}.log)")
+    guests, why = guest_failures(out, a.vm_rc, env.get("LAB_TIMEOUT"))
+    failures += why
 
     steps = {}
     for r in "ab":
-        d = os.path.join(out, "status")
-        names = sorted(n.split(".", 1)[1] for n in os.listdir(d) if n.startswith(r + ".")) if os.path.isdir(d) else []
-        steps[r] = {n: step(r, n) for n in names}
+        steps[r] = steps_of(out, r)
         for n, v in steps[r].items():
             if v != "ok":
                 failures.append(f"guest {r}, step {n}: {v.removeprefix('FAILED: ')}")
@@ -258,7 +195,7 @@ def main():
     if not build.startswith("ok"):
         problems.append(f"build: {build}")
     if a.vm_rc not in (None, 0):
-        problems.append(f"lab-vm exited {a.vm_rc}")
+        problems.append(f"the guests' boot exited {a.vm_rc}")
 
     ok = not failures and (not a.check or (not missing and not problems))
 
@@ -267,14 +204,14 @@ def main():
     L.append(f"kernel {env.get('LAB_KVER')}; uipoib binary: {env.get('LAB_UIPOIB_SOURCE')} (build: {build})")
     L.append(
         f"{len(scen_list)} scenario(s), time limits {env.get('FAULTS_LIMITS')} s"
-        + (f"; {a.elapsed:.0f}s total, {fmt(a.vm_elapsed)}s in the guests" if a.elapsed is not None else "")
+        + (f"; {a.elapsed:.0f}s total, {fmt(a.vm_elapsed, '.0f')}s in the guests" if a.elapsed is not None else "")
     )
     for s in scenarios:
         h = s["harness"] or {}
         L.append("")
         L.append(
             f"--- {s['scenario']}: exit {s['rc'] if s['rc'] is not None else '-'}"
-            f", {fmt((h.get('elapsed_ms') or 0) / 1000 if h else None)} s"
+            f", {fmt((h.get('elapsed_ms') or 0) / 1000 if h else None, '.0f')} s"
             f"{', TIMED OUT' if h.get('timed_out') else ''}; {'passed' if s['passed'] else 'FAILED'}"
         )
         if s["text"] and s["text"].strip():
@@ -301,8 +238,8 @@ def main():
             res = "(FAIL)"  # this fault met its expectations, its scenario did not pass
         label = str(r.get("label") or r.get("fault"))
         L.append(
-            f"{r['scenario']:<17.17} {label:<22.22} {fmt(r.get('detect_ms')):>7} {fmt(r.get('resume_ms')):>7} "
-            f"{fmt(r.get('recovery_ms')):>8} {fmt(r.get('wr_reaped')):>6} {clip(drops_text(r.get('drops')), 32):<32} "
+            f"{r['scenario']:<17.17} {label:<22.22} {fmt(r.get('detect_ms'), '.0f'):>7} {fmt(r.get('resume_ms'), '.0f'):>7} "
+            f"{fmt(r.get('recovery_ms'), '.0f'):>8} {fmt(r.get('wr_reaped'), '.0f'):>6} {clip(drops_text(r.get('drops')), 32):<32} "
             f"{led:>6} {trio(r.get('iperf3_mbps')):>17} {res:>6}"
         )
     L.append("")
@@ -315,17 +252,16 @@ def main():
             f"restarts {dm['restarts']}; exit after SIGTERM: {dm['stop_step'] or '-'}"
         )
     L.append("")
-    if failures:
-        L.append("FAILED:")
-        L.extend("  - " + x for x in failures)
-    if missing:
-        L.append("MISSING:" if a.check else "missing (fatal with --check):")
-        L.extend("  - " + x for x in missing)
-    if problems:
-        L.append("CHECK FAILED:" if a.check else "other problems (fatal with --check):")
-        L.extend("  - " + x for x in problems)
-    L.append(f"RESULT: {'OK' if ok else 'FAILED'}" + (" (check mode)" if a.check else ""))
-    text = "\n".join(L) + "\n"
+    L += verdict(
+        [
+            ("FAILED:", failures),
+            ("MISSING:" if a.check else "missing (fatal with --check):", missing),
+            ("CHECK FAILED:" if a.check else "other problems (fatal with --check):", problems),
+        ],
+        ok,
+        a.check,
+    )
+    t = "\n".join(L) + "\n"
 
     summary = {
         "config": {k: env.get(k) for k in sorted(env)},
@@ -338,20 +274,9 @@ def main():
         "daemons": daemons,
         "steps": steps,
         "guests": guests,
-        "failures": failures,
         "missing": missing,
         "problems": problems,
         "mode": "check" if a.check else "report",
-        "ok": ok,
     }
-    with open(os.path.join(out, "faults-summary.txt"), "w", encoding="utf-8") as f:
-        f.write(text)
-    with open(os.path.join(out, "faults-summary.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2, sort_keys=True, default=str)
-        f.write("\n")
-    sys.stdout.write(text)
-    return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    why = failures + ([f"missing: {x}" for x in missing] + problems if a.check else [])
+    return finish(out, "faults", "faults-summary.txt", "faults-summary.json", t, summary, ok, why)

@@ -1,62 +1,38 @@
-#!/usr/bin/env python3
-"""The table of a `scripts/perf` run, from the files it left in OUTDIR.
+"""The reports of scripts/perf: the table over rxe, the host comparison, recovery times."""
 
-Usage: scripts/perf-report OUTDIR [--vm-rc N]
-
-Prints the table, writes OUTDIR/report.txt and OUTDIR/report.json. Exit status 1 if
-any rep lacks one of the four measurements.
-"""
-
-import argparse
 import glob
 import json
 import os
 import re
 import statistics
-import sys
+
+from common import (
+    read,
+    read_json,
+    load,
+    fmt,
+    ratio,
+    parse_ib_send_bw,
+    mb_to_mbit,
+    iperf_received_mbit,
+    finish,
+)
 
 
-def read(path):
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return None
+# ---- perf: scripts/perf -----------------------------------------------------------------
 
 
-def read_json(path):
-    t = read(path)
-    if not t:
-        return None
-    try:
-        return json.loads(t)
-    except ValueError:
-        return None
+def ib_send_bw_mbit(t):
+    """ib_send_bw's 'BW average' as Mbit/s; perftest sometimes ends a -D run with "0.00"
+    after thousands of iterations: that is no measurement."""
+    ib = parse_ib_send_bw(t)
+    v = mb_to_mbit(ib[1]) if ib else None
+    return v if v else None
 
 
-def ib_send_bw_mbit(text):
-    """ib_send_bw's 'BW average' (perftest MB = 2^20 bytes) as Mbit/s."""
-    if not text:
-        return None
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        if "#bytes" in line and "BW average" in line:
-            for data in lines[i + 1 :]:
-                f = data.split()
-                if len(f) >= 4 and f[0].isdigit():
-                    try:
-                        v = float(f[3]) * (1 << 20) * 8 / 1e6
-                    except ValueError:
-                        return None
-                    # perftest sometimes ends a -D run with "0.00" after thousands of
-                    # iterations: that is no measurement.
-                    return v if v > 0 else None
-    return None
-
-
-def iperf(path):
+def perf_iperf(path):
     """dict(mbit, retransmits | lost_percent, offered, seconds) or None."""
-    v = read_json(path)
+    v = load(path)
     if not v or "end" not in v or v.get("error"):
         return None
     end = v["end"]
@@ -101,8 +77,8 @@ def cpu_ticks(out, tag, role):
 
 
 def stats_delta(out, tag, role):
-    b = read_json(os.path.join(out, "raw", f"{tag}.before.stats.{role}.json"))
-    a = read_json(os.path.join(out, "raw", f"{tag}.after.stats.{role}.json"))
+    b = load(os.path.join(out, "raw", f"{tag}.before.stats.{role}.json"))
+    a = load(os.path.join(out, "raw", f"{tag}.after.stats.{role}.json"))
     if not a or not b:
         return None
     d = {k: a[k] - b[k] for k in a if isinstance(a.get(k), int) and isinstance(b.get(k), int)}
@@ -123,7 +99,7 @@ def ctxt_delta(out, tag, role):
 def link_delta(out, tag, role):
     """TAP counters (rx/tx packets and drops) moved during the step."""
     def get(when):
-        v = read_json(os.path.join(out, "raw", f"{tag}.{when}.link.{role}.json"))
+        v = load(os.path.join(out, "raw", f"{tag}.{when}.link.{role}.json"))
         try:
             s = v[0]["stats64"]
             return {f"{d}_{k}": s[d][k] for d in ("rx", "tx") for k in ("packets", "dropped")}
@@ -161,15 +137,11 @@ def spread(xs):
     return (min(xs), max(xs)) if xs else None
 
 
-def f(v, spec=".1f"):
-    return "-" if v is None else format(v, spec)
-
-
 def variant(out, r, pre, tcp_secs_default=1):
     """One variant's measurements in rep r (pre: "" or "alt.")."""
     raw = os.path.join(out, "raw")
-    tcp = iperf(os.path.join(raw, f"r{r}.{pre}uiptcp.json"))
-    udp = iperf(os.path.join(raw, f"r{r}.{pre}uipudp.json"))
+    tcp = perf_iperf(os.path.join(raw, f"r{r}.{pre}uiptcp.json"))
+    udp = perf_iperf(os.path.join(raw, f"r{r}.{pre}uipudp.json"))
     clk = int((read(os.path.join(raw, "clk_tck")) or "100").strip() or 100)
     # Per-packet cost of the daemons during the TCP run: a receives the data, b sends it.
     cost = {}
@@ -209,11 +181,7 @@ def variant(out, r, pre, tcp_secs_default=1):
     return dict(tcp=tcp, udp=udp, daemon=cost, udp_loss=loss)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out")
-    ap.add_argument("--vm-rc", type=int, default=None)
-    args = ap.parse_args()
+def perf(args):
     out = args.out
     raw = os.path.join(out, "raw")
     env = read(os.path.join(out, "perf.env")) or ""
@@ -236,7 +204,7 @@ def main():
     missing = []
     for r in range(1, reps + 1):
         ib = ib_send_bw_mbit(read(os.path.join(raw, f"r{r}.ibsend.txt")))
-        eth = iperf(os.path.join(raw, f"r{r}.eth0tcp.json"))
+        eth = perf_iperf(os.path.join(raw, f"r{r}.eth0tcp.json"))
         row = dict(rep=r, ib_send_bw=ib, eth0_tcp=eth, variants={})
         for pre in pres:
             row["variants"][names[pre]] = variant(out, r, pre)
@@ -246,9 +214,6 @@ def main():
             checks += [(f"uipoib TCP ({names[pre]})", v["tcp"]), (f"uipoib UDP ({names[pre]})", v["udp"])]
         missing += [f"rep {r}: {n}" for n, v in checks if v is None]
         rows.append(row)
-
-    def ratio(a, b):
-        return a / b if a is not None and b else None
 
     lines = []
     p = lines.append
@@ -264,7 +229,7 @@ def main():
     def line(label, vals, spec=".1f"):
         s = spread(vals)
         sp = "-" if s is None else f"{format(s[0], spec)}-{format(s[1], spec)}"
-        p(f"{label:<36} " + " ".join(f"{f(v, spec):>9}" for v in vals) + f" {f(med(vals), spec):>9} {sp:>15}")
+        p(f"{label:<36} " + " ".join(f"{fmt(v, spec):>9}" for v in vals) + f" {fmt(med(vals), spec):>9} {sp:>15}")
         return med(vals)
 
     summary = {}
@@ -404,14 +369,87 @@ def main():
             p(f"  {x}")
         if args.vm_rc:
             p(f"  guests exited {args.vm_rc} (see {out}/a.log, b.log)")
-    text = "\n".join(lines) + "\n"
-    sys.stdout.write(text)
-    with open(os.path.join(out, "report.txt"), "w") as fh:
-        fh.write(text)
-    with open(os.path.join(out, "report.json"), "w") as fh:
-        json.dump(dict(reps=rows, summary=summary, missing=missing, problems=bad_steps, msg_size=msg), fh, indent=1)
-    return 1 if missing else 0
+    t = "\n".join(lines) + "\n"
+    rep = dict(reps=rows, summary=summary, missing=missing, problems=bad_steps, msg_size=msg)
+    return finish(out, "perf", "report.txt", "report.json", t, rep, not missing, [f"missing: {x}" for x in missing])
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+# ---- perf-host: scripts/perf host -------------------------------------------------------------
+
+
+def perf_host(a):
+    out, reps = a.out, a.reps
+    L = []
+
+    def row(label, vals, spec):
+        xs = [v for v in vals if v is not None]
+        md = format(statistics.median(xs), spec) if xs else "-"
+        sp = f"{format(min(xs), spec)}-{format(max(xs), spec)}" if xs else "-"
+        cells = " ".join(f"{'-' if v is None else format(v, spec):>9}" for v in vals)
+        L.append(f"{label:<34} {cells} {md:>9} {sp:>17}")
+
+    runs = {k: [iperf_received_mbit(os.path.join(out, f"r{r}.{k}.json")) for r in range(1, reps + 1)]
+            for k in ("uipoib", "tapcopy", "tapcopy-offload")}
+    u, t, o = runs["uipoib"], runs["tapcopy"], runs["tapcopy-offload"]
+    L.append(f"host comparison (scripts/perf host): iperf3 TCP, MTU 4092, {os.cpu_count()} cores")
+    hdr = f"{'measurement':<34} " + " ".join(f"{'rep ' + str(r):>9}" for r in range(1, reps + 1)) + f" {'median':>9} {'spread':>17}"
+    L.append(hdr)
+    L.append("-" * len(hdr))
+    row("uipoib sim-pair TCP        Mbit/s", u, ".0f")
+    row("tapcopy TCP                Mbit/s", t, ".0f")
+    row("tapcopy --offload TCP      Mbit/s", o, ".0f")
+    row("ratio uipoib / tapcopy", [ratio(x, y) for x, y in zip(u, t)], ".3f")
+    row("ratio uipoib / tapcopy --offload", [ratio(x, y) for x, y in zip(u, o)], ".3f")
+    missing = [f"rep {r}: {k}" for k, vs in runs.items() for r, v in enumerate(vs, 1) if v is None]
+    rep = {"reps": reps, "mbit_per_s": runs}
+    return finish(out, "perf-host", "report.txt", "report.json", "\n".join(L) + "\n", rep, not missing,
+                  [f"missing: {x}" for x in missing])
+
+
+# ---- recovery: scripts/perf recovery ------------------------------------------------------------
+
+PHASES = ["handoff", "drain", "destroy", "renew", "reap", "open", "ah", "attach", "fill", "start", "spawn", "carrier"]
+
+
+def recovery(a):
+    out, n = a.out, a.faults
+    L = []
+    bad = []
+    st, err = read_json(os.path.join(out, "recovery-status-a.json"))
+    if st is None:
+        L.append(f"FAILED: no status from guest a ({err})")
+        bad.append(f"no status from guest a ({err})")
+        return finish(out, "recovery", "recovery-report.txt", "recovery-report.json", "\n".join(L) + "\n", {}, False, bad)
+    hist = [h for h in st.get("history", []) if h["cause"] == "poll-failed"]
+    rec = [h["recovery_ms"] for h in hist]
+    L.append(f"poll failures injected: {n}; restarts recorded: {len(hist)}")
+    for h in hist:
+        L.append(f"  epoch {h['epoch']:>3}  recovery {h['recovery_ms']:8.1f} ms  flushed {h['flushed']:>5}  reaped {h['wr_reaped']:>4}  ledger {'ok' if h['ledger_balanced'] else 'BAD'}")
+    if rec:
+        L.append(f"recovery: median {statistics.median(rec):.1f} ms, worst {max(rec):.1f} ms, best {min(rec):.1f} ms")
+    # Where the time went (ms, per restart, in order); absent from binaries before the phases.
+    ph = [h.get("phases") for h in hist]
+    if ph and all(ph):
+        L.append("phases (ms): " + " ".join(f"{x:>8}" for x in PHASES) + "      kept")
+        for h, p in zip(hist, ph):
+            L.append(f"  epoch {h['epoch']:>3}  " + " ".join(f"{p.get(x + '_ms', 0.0):8.1f}" for x in PHASES) + f"  {'yes' if h.get('kept_device') else 'no':>8}")
+        L.append("  median     " + " ".join(f"{statistics.median(p.get(x + '_ms', 0.0) for p in ph):8.1f}" for x in PHASES))
+    if len(hist) != n:
+        bad.append(f"{len(hist)} restarts recorded for {n} faults")
+    if not all(h["ledger_balanced"] for h in hist):
+        bad.append("a ledger did not balance")
+    session = None
+    try:
+        crc = open(os.path.join(out, "recovery-iperf3-client.rc")).read().strip()
+        j = json.load(open(os.path.join(out, "recovery-iperf3-client.json")))
+        bps = j["end"]["sum_received"]["bits_per_second"] / 1e6
+        zero = sum(1 for i in j["intervals"] if i["sum"]["bytes"] == 0)
+        session = {"exit": crc, "mbit_per_s": bps, "zero_intervals": zero}
+        L.append(f"iperf3 TCP session: exit {crc}, {bps:.1f} Mbit/s received, {zero} one-second intervals with no data")
+        if crc != "0":
+            bad.append("the TCP session broke")
+    except Exception as e:
+        bad.append(f"no iperf3 result ({e})")
+    L.append("RESULT: " + ("OK" if not bad else "FAILED: " + "; ".join(bad)))
+    rep = {"faults": n, "restarts": hist, "iperf3": session}
+    return finish(out, "recovery", "recovery-report.txt", "recovery-report.json", "\n".join(L) + "\n", rep, not bad, bad)

@@ -1,0 +1,185 @@
+# shellcheck shell=bash
+# Helpers for scripts that run inside the lab guests (source it from a guest script in
+# lab/guest/:   . "$(dirname "$0")/lib.sh").
+#
+# The two guests coordinate over their eth0 link only:
+#   lab_sync N [TIMEOUT]      rendezvous number N (0..999): returns on both guests once
+#                             both reached it (a listens on TCP 47000+N, b connects)
+#   lab_wait_listen PORT [TIMEOUT] [PID]  wait until a local TCP socket listens on PORT
+#                             (fails at once if process PID, the would-be server, exits)
+#   lab_wait_tcp HOST PORT [TIMEOUT] wait until HOST:PORT accepts a connection (do not
+#                             use against one-shot servers: the probe is a connection)
+#   lab_step TEXT             print a timestamped step header
+# and, for the scripts that record their steps for the host's report (lab/report.py):
+#   lab_steps_init            mkdir $LAB_OUT/status; failures=0
+#   ok STEP / failed STEP WHY  $LAB_OUT/status/ROLE.STEP = "ok" / "FAILED: WHY" (counted
+#                             in $failures)
+#   meet STEP [TIMEOUT]       the next rendezvous with the peer (both guests call it the
+#                             same number of times, in the same order); a missed one fails
+#                             STEP, and once the peer is lost later ones wait only briefly
+#   ledger_residuals [FILE]   "recv send" residuals of `uipoib stats --json` (FILE or
+#                             stdin): posted - completed - flushed - reaped - outstanding
+#                             per ring ("" without usable stats)
+#   daemon_up UIPOIB TAP ADDR TIMEOUT LOG   `uipoib up` in the background ($daemon), until
+#                             TAP is UP with ADDR: records step "up"
+#   daemon_stop LOG           SIGTERM: the daemon must exit 0 and its exit log say "ledger
+#                             balanced": records step "stop", its exit in uipoib-ROLE.rc
+# Environment provided by the lab (lab/guest/stage2): LAB_ROLE LAB_SELF LAB_PEER LAB_OUT
+# LAB_IF LAB_RDMA_DEV.
+
+lab_step() { printf '\n=== [%s %(%H:%M:%S)T] %s\n' "${LAB_ROLE:-?}" -1 "$*"; }
+
+lab_sync() {
+	local n=$1 timeout=${2:-180} port=$((47000 + $1))
+	if [[ $LAB_ROLE == a ]]; then
+		timeout "$timeout" busybox nc -l -p "$port" </dev/null >/dev/null || {
+			echo "lab_sync $n: peer did not arrive within ${timeout}s" >&2
+			return 1
+		}
+	else
+		local end=$((SECONDS + timeout))
+		until (exec 3<>"/dev/tcp/$LAB_PEER/$port") 2>/dev/null; do
+			if ((SECONDS >= end)); then
+				echo "lab_sync $n: peer not ready within ${timeout}s" >&2
+				return 1
+			fi
+			sleep 0.2
+		done
+	fi
+}
+
+lab_wait_listen() {
+	local port=$1 timeout=${2:-60} pid=${3:-}
+	local end=$((SECONDS + timeout))
+	until [[ -n $(ss -Htln "sport = :$port") ]]; do
+		if [[ -n $pid ]] && ! kill -0 "$pid" 2>/dev/null; then
+			echo "lab_wait_listen: process $pid exited before listening on port $port" >&2
+			return 1
+		fi
+		if ((SECONDS >= end)); then
+			echo "lab_wait_listen: nothing listens on port $port after ${timeout}s" >&2
+			return 1
+		fi
+		sleep 0.1
+	done
+}
+
+lab_wait_tcp() {
+	local host=$1 port=$2 timeout=${3:-60}
+	local end=$((SECONDS + timeout))
+	until (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null; do
+		if ((SECONDS >= end)); then
+			echo "lab_wait_tcp: $host:$port not reachable after ${timeout}s" >&2
+			return 1
+		fi
+		sleep 0.2
+	done
+}
+
+lab_steps_init() {
+	mkdir -p "$LAB_OUT/status"
+	failures=0
+}
+
+ok() { echo ok >"$LAB_OUT/status/$LAB_ROLE.$1"; }
+failed() {
+	local step=$1
+	shift
+	echo "FAILED: $*" >"$LAB_OUT/status/$LAB_ROLE.$step"
+	echo "!!! step $step FAILED: $*"
+	failures=$((${failures:-0} + 1))
+}
+
+meet_n=0
+peer_lost=
+meet() {
+	meet_n=$((meet_n + 1))
+	local t=${2:-120}
+	[[ -z $peer_lost ]] || t=5
+	if ! lab_sync "$meet_n" "$t"; then
+		peer_lost=1
+		failed "$1" "rendezvous $meet_n with the peer timed out"
+	fi
+}
+
+# The counters' conservation law (older daemons had only wr_reaped, whose sends are the
+# `reaped` drops).
+ledger_residuals() {
+	# shellcheck disable=SC2016 # jq variables
+	jq -r '(if has("recv_reaped") then [.recv_reaped, .send_reaped]
+		else [(.wr_reaped // 0) - (.drops.reaped // 0), (.drops.reaped // 0)] end) as [$rr, $sr]
+		| "\(.recv_posted - .recv_completed - .recv_flushed - $rr - .recv_outstanding) \(.send_posted - .send_completed - .send_flushed - $sr - .send_outstanding)"' \
+		"$@" 2>/dev/null || true
+}
+
+# daemon_up UIPOIB TAP ADDR TIMEOUT LOG: sets $daemon (empty when it is not running).
+daemon_up() {
+	local bin=$1 tap=$2 addr=$3 timeout=$4 log=$5 rc end state=
+	daemon=
+	rm -f "$LAB_OUT/uipoib-$LAB_ROLE.rc"
+	if [[ ! -x $bin ]]; then
+		failed up "no uipoib binary at $bin ($(cat "$LAB_OUT/build.status" 2>/dev/null || echo 'not built'))"
+		return
+	fi
+	RUST_LOG=${RUST_LOG:-info} RUST_BACKTRACE=1 \
+		"$bin" up --device "$LAB_RDMA_DEV" --tap "$tap" --addr "$addr" </dev/null >"$log" 2>&1 &
+	daemon=$!
+	end=$((SECONDS + timeout))
+	while ((SECONDS < end)); do
+		if ! kill -0 "$daemon" 2>/dev/null; then
+			rc=0
+			wait "$daemon" || rc=$?
+			echo "$rc" >"$LAB_OUT/uipoib-$LAB_ROLE.rc"
+			daemon=
+			state="daemon exited with $rc before $tap was up: $(tail -n 3 "$log" | tr '\n' ' ')"
+			[[ -s $log ]] || state+="(no output)"
+			break
+		fi
+		if ip -o link show dev "$tap" 2>/dev/null | grep -q '[<,]UP[,>]'; then
+			if ip -o -4 addr show dev "$tap" | grep -qF " $addr "; then
+				state=up
+				break
+			fi
+			state="$tap is up but has no address $addr after ${timeout}s"
+		fi
+		sleep 0.2
+	done
+	if [[ $state == up ]]; then
+		ip -o addr show dev "$tap" || true
+		ip -o link show dev "$tap" || true
+		ok up
+	else
+		failed up "${state:-$tap not up within ${timeout}s}"
+	fi
+}
+
+daemon_stop() {
+	local log=$1 rc end
+	if [[ -z ${daemon:-} ]]; then
+		failed stop "no running daemon"
+		return
+	fi
+	kill -TERM "$daemon" 2>/dev/null || true
+	end=$((SECONDS + 20))
+	while kill -0 "$daemon" 2>/dev/null && ((SECONDS < end)); do sleep 0.2; done
+	if kill -0 "$daemon" 2>/dev/null; then
+		kill -KILL "$daemon" 2>/dev/null || true
+		wait "$daemon" 2>/dev/null || true
+		echo killed >"$LAB_OUT/uipoib-$LAB_ROLE.rc"
+		failed stop "daemon still running 20s after SIGTERM; killed"
+	else
+		rc=0
+		wait "$daemon" || rc=$?
+		echo "$rc" >"$LAB_OUT/uipoib-$LAB_ROLE.rc"
+		if ((rc != 0)); then
+			failed stop "daemon exited $rc (after SIGTERM)"
+		elif grep -q 'ledger NOT balanced' "$log" || ! grep -q '^ledger balanced' "$log"; then
+			# the daemon prints its final counters and "ledger balanced" per interface
+			failed stop "daemon exited 0 but its exit log does not say 'ledger balanced': $(grep -m1 '^ledger' "$log" || echo 'no ledger line')"
+		else
+			ok stop
+		fi
+	fi
+	echo "--- daemon output (tail) ---"
+	tail -n 40 "$log" || true
+}

@@ -1,0 +1,495 @@
+# shellcheck shell=bash
+# The rxe lab's host library, sourced by every lab entry point (scripts/lab, scripts/faults,
+# scripts/perf). The guests' side is in lab/guest/.
+#
+# Host side only. What it provides:
+#   lab_log / lab_die              messages on stderr
+#   lab_ensure_pkgs PKG...         install the Debian packages that are missing
+#   lab_kernel                     fetch + cache Debian's stock kernel; sets LAB_KVER, LAB_VMLINUZ
+#   lab_initramfs                  build + cache the guests' initramfs; sets LAB_INITRD
+#   lab_free_port                  a free TCP port on 127.0.0.1
+#   lab_vm_run OUTDIR SCRIPT_A SCRIPT_B   boot the two guests (the body of `scripts/lab vm run`)
+#   lab_guests OUTDIR SCRIPT_A SCRIPT_B   the same in a process of its own
+#   lab_target_dir                 cargo's target directory of the repo
+#   lab_cargo_build LOG ARGS...    cargo build ARGS at the repo root; prints ok / FAILED: why
+#   lab_uipoib_build OUTDIR BUILD  the uipoib binary's build step (LAB_UIPOIB_SOURCE, _STATUS)
+#   lab_uipoib OUTDIR BUILD        the same, recorded in OUTDIR/build.status and staged
+#   lab_stage_bin OUTDIR NAME PATH STATUS  the guests' private copy of a binary
+#   lab_guest_kver                 the kernel's name for a report ("unavailable" if none)
+#   lab_report KIND ARGS...        python3 lab/report KIND ARGS...
+#
+# Environment:
+#   UIPOIB_LAB_CACHE  cache dir for kernel + initramfs (default /var/cache/uipoib-lab)
+#   LAB_KVER          kernel ABI to use, e.g. 6.1.0-57-amd64 (default: what linux-image-amd64 depends on)
+#   LAB_TIMEOUT       seconds to wait for both guests (default 600)
+#   LAB_MEM           MiB of RAM per guest (default 1024)
+#   LAB_SMP           vCPUs per guest (default 1)
+
+LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+LAB_GUEST_DIR=$LAB_DIR/guest
+# shellcheck disable=SC2034 # used by the scripts that source this file
+LAB_REPO_ROOT=$(cd "$LAB_DIR/.." && pwd)
+# shellcheck disable=SC2034 # the entry points
+LAB_SCRIPTS_DIR=$LAB_REPO_ROOT/scripts
+LAB_CACHE=${UIPOIB_LAB_CACHE:-/var/cache/uipoib-lab}
+
+# Packages the VM runner needs on the host (their binaries also run inside the guests).
+LAB_VM_PKGS=(qemu-system-x86 busybox-static rdma-core ibverbs-utils perftest iperf3
+	iproute2 iputils-ping kmod util-linux coreutils gzip)
+
+# Modules loaded by lab/guest/init (their dependencies are pulled in automatically).
+# tcp_diag: `ss -ti` shows per-connection byte counters (scripts/lab-guest-faults).
+# sch_tbf: the held-packets scenario holds eth0's packets in a `tc ... tbf` queue.
+LAB_GUEST_MODULES=(crc32_generic virtio_pci virtio_net virtio_rng 9pnet_virtio 9p overlay tun
+	rdma_rxe ib_uverbs rdma_ucm tcp_diag sch_tbf)
+
+# Bump when the initramfs layout changes in a way the hashed inputs do not show.
+LAB_INITRAMFS_FORMAT=1
+
+LAB__PIDS=() # QEMU processes of this run
+LAB__TMPS=() # temporary directories of this run
+
+lab__cleanup() {
+	lab__kill_guests
+	if ((${#LAB__TMPS[@]})); then
+		rm -rf "${LAB__TMPS[@]}"
+		LAB__TMPS=()
+	fi
+}
+# Every script sourcing this file stops its guests and removes its temporary files on
+# exit, Ctrl-C or SIGTERM.
+trap 'lab__cleanup' EXIT
+trap 'lab_log "interrupted; cleaning up"; lab__cleanup; exit 130' INT
+trap 'lab_log "terminated; cleaning up"; lab__cleanup; exit 143' TERM
+
+lab_log() { printf '[lab %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+lab_die() {
+	printf '[lab] ERROR: %s\n' "$*" >&2
+	exit 1
+}
+
+lab_pkg_installed() {
+	[[ $(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null) == installed ]]
+}
+
+# lab_ensure_pkgs PKG... : apt-get install the ones not installed (apt-get update first).
+lab_ensure_pkgs() {
+	local p missing=()
+	for p in "$@"; do
+		lab_pkg_installed "$p" || missing+=("$p")
+	done
+	((${#missing[@]} == 0)) && return 0
+	[[ $EUID -eq 0 ]] || lab_die "missing packages (${missing[*]}) and not root to install them"
+	lab_log "installing missing packages: ${missing[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get -q -o DPkg::Lock::Timeout=300 update >&2 || lab_log "apt-get update failed; trying the install anyway"
+	apt-get -q -y -o DPkg::Lock::Timeout=300 install --no-install-recommends "${missing[@]}" >&2 ||
+		lab_die "apt-get install ${missing[*]} failed"
+}
+
+# Holds an exclusive lock on the cache while a command runs (builds are shared by
+# everyone using the same cache dir).
+lab_with_cache_lock() {
+	mkdir -p "$LAB_CACHE"
+	local fd
+	exec {fd}>"$LAB_CACHE/.lock"
+	flock "$fd"
+	local rc=0
+	"$@" || rc=$?
+	exec {fd}>&-
+	return "$rc"
+}
+
+# A temporary directory in the cache (same filesystem as the results); the caller
+# appends it to LAB__TMPS so that an interrupted build leaves nothing behind. Leftovers
+# of killed runs (older than a day) are removed here.
+lab__mktemp() {
+	find "$LAB_CACHE" -maxdepth 1 -name 'tmp.*' -mtime +1 -exec rm -rf {} + 2>/dev/null || true
+	mktemp -d "$LAB_CACHE/tmp.XXXXXX"
+}
+
+lab__latest_kver() {
+	apt-cache depends linux-image-amd64 2>/dev/null |
+		sed -n 's/^ *Depends: linux-image-\([0-9][^ ]*-amd64\)$/\1/p' | head -n1
+}
+
+# Sets LAB_KVER and LAB_VMLINUZ; downloads and unpacks the kernel package if not cached.
+lab_kernel() {
+	if [[ -z ${LAB_KVER:-} ]]; then
+		LAB_KVER=$(lab__latest_kver)
+		if [[ -z $LAB_KVER ]]; then
+			lab_log "apt-cache knows no linux-image-amd64; running apt-get update"
+			apt-get -q -o DPkg::Lock::Timeout=300 update >&2 || true
+			LAB_KVER=$(lab__latest_kver)
+		fi
+		if [[ -z $LAB_KVER ]]; then
+			# Offline: use the newest kernel already in the cache.
+			LAB_KVER=$(find "$LAB_CACHE/kernel" -mindepth 2 -maxdepth 2 -name vmlinuz 2>/dev/null |
+				sed 's|.*/kernel/\([^/]*\)/vmlinuz|\1|' | sort -V | tail -n1)
+		fi
+		[[ -n $LAB_KVER ]] || lab_die "cannot determine the kernel version (apt-cache depends linux-image-amd64)"
+	fi
+	LAB_VMLINUZ="$LAB_CACHE/kernel/$LAB_KVER/vmlinuz"
+	[[ -s $LAB_VMLINUZ && -s $LAB_CACHE/kernel/$LAB_KVER/linux-image.deb ]] && return 0
+	lab_with_cache_lock lab__fetch_kernel
+}
+
+lab__fetch_kernel() {
+	local dir="$LAB_CACHE/kernel/$LAB_KVER"
+	[[ -s $dir/vmlinuz && -s $dir/linux-image.deb ]] && return 0
+	local tmp
+	tmp=$(lab__mktemp)
+	LAB__TMPS+=("$tmp")
+	lab_log "downloading linux-image-$LAB_KVER"
+	chmod 755 "$tmp"
+	if ! (cd "$tmp" && apt-get -q download "linux-image-$LAB_KVER" >&2); then
+		rm -rf "$tmp"
+		lab_die "apt-get download linux-image-$LAB_KVER failed"
+	fi
+	local deb
+	deb=$(find "$tmp" -maxdepth 1 -name "linux-image-${LAB_KVER}_*.deb" | head -n1)
+	[[ -n $deb ]] || {
+		rm -rf "$tmp"
+		lab_die "no .deb after apt-get download"
+	}
+	# Only the kernel image is kept unpacked; modules are taken from the .deb when the
+	# initramfs is built.
+	mkdir -p "$tmp/x"
+	dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$tmp/x" ./boot
+	mkdir -p "$dir"
+	cp "$tmp/x/boot/vmlinuz-$LAB_KVER" "$dir/vmlinuz.new"
+	cp "$tmp/x/boot/config-$LAB_KVER" "$dir/config"
+	mv "$deb" "$dir/linux-image.deb"
+	mv "$dir/vmlinuz.new" "$dir/vmlinuz"
+	rm -rf "$tmp"
+}
+
+lab__initramfs_key() {
+	{
+		echo "format=$LAB_INITRAMFS_FORMAT kver=$LAB_KVER modules=${LAB_GUEST_MODULES[*]}"
+		sha256sum "$LAB_GUEST_DIR/init" | cut -d' ' -f1
+		sha256sum "$LAB_CACHE/kernel/$LAB_KVER/linux-image.deb" | cut -d' ' -f1
+		sha256sum /bin/busybox | cut -d' ' -f1
+	} | sha256sum | cut -c1-16
+}
+
+# Sets LAB_INITRD; builds the initramfs when its inputs (kernel, module list,
+# lab/guest/init, busybox) changed.
+lab_initramfs() {
+	local key
+	key=$(lab__initramfs_key)
+	LAB_INITRD="$LAB_CACHE/initramfs/$LAB_KVER-$key.cpio.gz"
+	[[ -s $LAB_INITRD ]] && return 0
+	lab_with_cache_lock lab__build_initramfs
+}
+
+lab__build_initramfs() {
+	[[ -s $LAB_INITRD ]] && return 0
+	lab_log "building the guest initramfs for $LAB_KVER"
+	local tmp
+	tmp=$(lab__mktemp)
+	LAB__TMPS+=("$tmp")
+	local k="$tmp/k" r="$tmp/root"
+	mkdir -p "$k" "$r"
+	dpkg-deb --fsys-tarfile "$LAB_CACHE/kernel/$LAB_KVER/linux-image.deb" |
+		tar -x -C "$k" "./lib/modules/$LAB_KVER"
+	busybox depmod -b "$k" "$LAB_KVER"
+	local mdir="lib/modules/$LAB_KVER"
+	# Resolve the module list to files, with their (transitive) dependencies.
+	local -A want=()
+	local m line path deps d found
+	for m in "${LAB_GUEST_MODULES[@]}"; do
+		found=
+		while IFS= read -r line; do
+			path=${line%%:*}
+			local base=${path##*/}
+			base=${base%%.ko*}
+			base=${base//-/_}
+			[[ $base == "${m//-/_}" ]] || continue
+			found=1
+			want[$path]=1
+			deps=${line#*:}
+			for d in $deps; do want[$d]=1; done
+		done <"$k/$mdir/modules.dep"
+		if [[ -z $found ]]; then
+			if grep -qE "/${m//_/[-_]}\.ko" "$k/$mdir/modules.builtin"; then
+				lab_log "module $m is built in"
+			else
+				rm -rf "$tmp"
+				lab_die "module $m not found in linux-image-$LAB_KVER"
+			fi
+		fi
+	done
+	# modules.dep lists the full dependency closure; make sure of it anyway.
+	local changed=1
+	while ((changed)); do
+		changed=0
+		for path in "${!want[@]}"; do
+			line=$(grep -m1 "^$path:" "$k/$mdir/modules.dep") || continue
+			for d in ${line#*:}; do
+				if [[ -z ${want[$d]:-} ]]; then
+					want[$d]=1
+					changed=1
+				fi
+			done
+		done
+	done
+	for path in "${!want[@]}"; do
+		mkdir -p "$r/$mdir/$(dirname "$path")"
+		cp "$k/$mdir/$path" "$r/$mdir/$path"
+	done
+	cp "$k/$mdir/modules.builtin" "$k/$mdir/modules.order" "$r/$mdir/" 2>/dev/null || true
+	busybox depmod -b "$r" "$LAB_KVER"
+
+	mkdir -p "$r/bin" "$r/sbin" "$r/usr/bin" "$r/usr/sbin" "$r/dev" "$r/proc" "$r/sys" \
+		"$r/tmp" "$r/lower" "$r/rw" "$r/newroot" "$r/etc"
+	cp /bin/busybox "$r/bin/busybox"
+	ln -s busybox "$r/bin/sh"
+	install -m 0755 "$LAB_GUEST_DIR/init" "$r/init"
+	mknod -m 600 "$r/dev/console" c 5 1 2>/dev/null || true
+	mknod -m 666 "$r/dev/null" c 1 3 2>/dev/null || true
+
+	mkdir -p "$LAB_CACHE/initramfs"
+	(cd "$r" && find . | busybox cpio -o -H newc -R 0:0 2>/dev/null | gzip -6) >"$LAB_INITRD.tmp"
+	mv "$LAB_INITRD.tmp" "$LAB_INITRD"
+	rm -rf "$tmp"
+	lab_log "initramfs: $LAB_INITRD ($(du -h "$LAB_INITRD" | cut -f1), ${#want[@]} modules)"
+	# Drop initramfs images of this kernel older than a week (other keys may be in use
+	# by other worktrees right now, so recent ones stay).
+	find "$LAB_CACHE/initramfs" -name "$LAB_KVER-*.cpio.gz" -mtime +7 -delete 2>/dev/null || true
+}
+
+# A TCP port on 127.0.0.1 nobody listens on right now.
+lab_free_port() {
+	local p i
+	for i in $(seq 1 200); do
+		p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+		if [[ -z $(ss -Htln "sport = :$p" 2>/dev/null) ]]; then
+			echo "$p"
+			return 0
+		fi
+		: "$i"
+	done
+	lab_die "no free TCP port found"
+}
+
+lab_port_listening() { [[ -n $(ss -Htln "src 127.0.0.1 and sport = :$1" 2>/dev/null) ]]; }
+
+# ---------------------------------------------------------------------------
+# lab_vm_run: the body of `scripts/lab vm run` (the guests are stopped by the traps above
+# if the script is interrupted).
+
+lab__kill_guests() {
+	local pid
+	for pid in "${LAB__PIDS[@]}"; do
+		kill -TERM "$pid" 2>/dev/null || true
+	done
+	local t
+	for t in $(seq 1 50); do
+		local alive=0
+		for pid in "${LAB__PIDS[@]}"; do
+			kill -0 "$pid" 2>/dev/null && alive=1
+		done
+		((alive)) || break
+		sleep 0.1
+		: "$t"
+	done
+	for pid in "${LAB__PIDS[@]}"; do
+		kill -KILL "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
+	done
+	LAB__PIDS=()
+}
+
+lab__qemu_guest() { # ROLE PORT_SPEC(listen=|connect=) OUTDIR SCRIPT MAC
+	local role=$1 net=$2 out=$3 script=$4 mac=$5
+	local append="console=ttyS0 panic=-1 oops=panic loglevel=6"
+	append+=" lab.role=$role lab.out=$out lab.script=$script lab.stage2=$LAB_GUEST_DIR/stage2"
+	exec qemu-system-x86_64 \
+		-name "uipoib-lab-$role" \
+		-accel tcg,thread=multi -cpu max -smp "${LAB_SMP:-1}" -m "${LAB_MEM:-1024}" \
+		-nodefaults -no-user-config -display none -no-reboot \
+		-kernel "$LAB_VMLINUZ" -initrd "$LAB_INITRD" -append "$append" \
+		-chardev "file,id=con0,path=$out/$role.console" -serial chardev:con0 \
+		-virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
+		-virtfs "local,path=$out,mount_tag=labout,security_model=none,multidevs=remap" \
+		-netdev "socket,id=n0,$net" -device "virtio-net-pci,netdev=n0,mac=$mac" \
+		-device virtio-rng-pci \
+		</dev/null >"$out/$role.qemu.log" 2>&1
+}
+
+# lab_vm_run OUTDIR SCRIPT_A SCRIPT_B
+lab_vm_run() {
+	(($# == 3)) || lab_die "usage: scripts/lab vm run OUTDIR SCRIPT_A SCRIPT_B"
+	local out=$1 sa=$2 sb=$3
+	local s
+	for s in "$sa" "$sb"; do
+		[[ -f $s && -r $s ]] || lab_die "no such script: $s"
+	done
+	sa=$(realpath "$sa")
+	sb=$(realpath "$sb")
+	mkdir -p "$out"
+	out=$(realpath "$out")
+	for s in "$out" "$sa" "$sb" "$LAB_GUEST_DIR"; do
+		[[ $s =~ ^/[A-Za-z0-9_./+@:-]*$ ]] ||
+			lab_die "path '$s' must be absolute and free of spaces, commas and shell specials"
+	done
+	[[ $out != / ]] || lab_die "OUTDIR must not be /"
+	local lockfd
+	exec {lockfd}>"$out/.lab-vm.lock"
+	flock -n "$lockfd" || lab_die "another run of the guests is using $out"
+
+	lab_ensure_pkgs "${LAB_VM_PKGS[@]}"
+	lab_kernel
+	lab_initramfs
+
+	local timeout=${LAB_TIMEOUT:-600}
+	local r
+	for r in a b; do
+		rm -f "$out/$r.log" "$out/$r.rc" "$out/$r.console" "$out/$r.qemu.log"
+	done
+
+	local start=$SECONDS port pa pb attempt up
+	lab_log "kernel $LAB_KVER; booting guest a ($sa) and guest b ($sb); out=$out; timeout ${timeout}s"
+	for attempt in 1 2 3 4 5; do
+		port=$(lab_free_port)
+		lab__qemu_guest a "listen=127.0.0.1:$port" "$out" "$sa" 52:54:00:c6:12:01 &
+		pa=$!
+		LAB__PIDS=("$pa")
+		up=
+		for _ in $(seq 1 150); do
+			if lab_port_listening "$port"; then
+				up=1
+				break
+			fi
+			kill -0 "$pa" 2>/dev/null || break
+			sleep 0.1
+		done
+		[[ -n $up ]] && break
+		lab_log "guest a did not listen on 127.0.0.1:$port (attempt $attempt): $(tail -n 3 "$out/a.qemu.log" 2>/dev/null)"
+		lab__kill_guests
+	done
+	[[ -n $up ]] || lab_die "could not start guest a"
+	lab__qemu_guest b "connect=127.0.0.1:$port" "$out" "$sb" 52:54:00:c6:12:02 &
+	pb=$!
+	LAB__PIDS=("$pa" "$pb")
+
+	local timed_out=
+	while kill -0 "$pa" 2>/dev/null || kill -0 "$pb" 2>/dev/null; do
+		if ((SECONDS - start >= timeout)); then
+			timed_out=1
+			lab_log "TIMEOUT after ${timeout}s; killing the guests"
+			break
+		fi
+		sleep 1
+	done
+	lab__kill_guests
+
+	local fail=0 rc
+	for r in a b; do
+		if [[ -s $out/$r.rc ]]; then
+			rc=$(<"$out/$r.rc")
+		elif [[ -n $timed_out ]]; then
+			rc=124
+			echo "$rc" >"$out/$r.rc"
+			lab_log "guest $r: timed out (no exit code)"
+		else
+			rc=125
+			echo "$rc" >"$out/$r.rc"
+			lab_log "guest $r: died without an exit code; see $out/$r.console and $out/$r.qemu.log"
+		fi
+		[[ $rc == 0 ]] || fail=1
+		lab_log "guest $r: exit $rc (log $out/$r.log)"
+	done
+	lab_log "both guests done in $((SECONDS - start))s"
+	return "$fail"
+}
+
+# ---------------------------------------------------------------------------
+# What the entry points share around a run: the build, the guests' copies of the
+# binaries, the kernel's name, the report.
+
+# lab_target_dir: cargo's target directory of the repo (CARGO_TARGET_DIR is honoured).
+lab_target_dir() {
+	(cd "$LAB_REPO_ROOT" && cargo metadata --format-version 1 --no-deps 2>/dev/null |
+		python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])' 2>/dev/null) ||
+		echo "${CARGO_TARGET_DIR:-$LAB_REPO_ROOT/target}"
+}
+
+# lab_cargo_build LOG ARGS...: `cargo build ARGS` at the repo root, its output appended to
+# LOG; prints "ok" or "FAILED: why" (and the log's tail on stderr).
+lab_cargo_build() {
+	local log=$1 rc=0
+	shift
+	if ! command -v cargo >/dev/null; then
+		echo "FAILED: cargo not found on PATH (install a Rust toolchain, e.g. rustup)"
+		return
+	fi
+	lab_log "cargo build $* in $LAB_REPO_ROOT (log: $log)"
+	(cd "$LAB_REPO_ROOT" && cargo build "$@") >>"$log" 2>&1 || rc=$?
+	if ((rc == 0)); then
+		echo ok
+	else
+		echo "FAILED: cargo build $* exited $rc: $(grep -m1 -E '^error' "$log" || tail -n1 "$log")"
+		tail -n 20 "$log" >&2
+	fi
+}
+
+# lab_uipoib_build OUTDIR BUILD: the build step of the uipoib binary the guests run:
+# LAB_UIPOIB_BIN when set, else the repo's release build, built first (output in
+# OUTDIR/build.log) when BUILD is not empty. Sets LAB_UIPOIB_SOURCE (the binary's path)
+# and LAB_UIPOIB_STATUS ("ok ..." or "FAILED: why").
+lab_uipoib_build() {
+	local out=$1 build=$2
+	LAB_UIPOIB_SOURCE=${LAB_UIPOIB_BIN:-}
+	if [[ -n $LAB_UIPOIB_SOURCE ]]; then
+		LAB_UIPOIB_STATUS="ok (given: $LAB_UIPOIB_SOURCE)"
+		return
+	fi
+	LAB_UIPOIB_SOURCE=$(lab_target_dir)/release/uipoib
+	if [[ -n $build ]]; then
+		LAB_UIPOIB_STATUS=$(lab_cargo_build "$out/build.log" --release)
+	else
+		LAB_UIPOIB_STATUS="ok (not rebuilt)"
+	fi
+}
+
+# lab_uipoib OUTDIR BUILD: lab_uipoib_build, its status in OUTDIR/build.status and the
+# guests' copy OUTDIR/bin/uipoib; 1 if there is no usable binary.
+lab_uipoib() {
+	lab_uipoib_build "$1" "$2"
+	echo "$LAB_UIPOIB_STATUS" >"$1/build.status"
+	lab_log "build: $LAB_UIPOIB_STATUS"
+	lab_stage_bin "$1" uipoib "$LAB_UIPOIB_SOURCE" "$LAB_UIPOIB_STATUS"
+}
+
+# lab_stage_bin OUTDIR NAME PATH STATUS: the guests run a private copy, OUTDIR/bin/NAME (a
+# concurrent rebuild cannot swap it mid-run), made when STATUS says ok and PATH is a
+# program. Otherwise appends why to OUTDIR/build.status and returns 1.
+lab_stage_bin() {
+	local out=$1 name=$2 path=$3 status=$4
+	if [[ -x $path && $status == ok* ]]; then
+		mkdir -p "$out/bin"
+		cp "$path" "$out/bin/$name"
+		return 0
+	fi
+	[[ -x $path ]] || echo "FAILED: no binary at $path" >>"$out/build.status"
+	return 1
+}
+
+# lab_guest_kver: the guests' kernel, fetched here only to name it in the report (the
+# boot fails, and the report says what is missing, if it cannot be had).
+lab_guest_kver() {
+	(
+		lab_kernel >&2
+		echo "$LAB_KVER"
+	) || echo unavailable
+}
+
+# lab_guests OUTDIR SCRIPT_A SCRIPT_B: `scripts/lab vm run` in a process of its own: its
+# traps stop the guests whatever happens, and a failure to set them up is its exit status
+# (which the report explains), not the caller's end.
+lab_guests() { "$LAB_SCRIPTS_DIR/lab" vm run "$@"; }
+
+# lab_report KIND ARGS...: the report of a run (lab/report/).
+lab_report() { python3 "$LAB_DIR/report" "$@"; }

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""The reports of the rxe lab, built from the files a run left in its OUTDIR.
+
+Usage: python3 lab/report KIND OUTDIR [options]   (the entry points call it)
+
+  e2e OUTDIR [--check] [--test] [--vm-rc N] [--elapsed S] [--vm-elapsed S]
+      `scripts/lab`: ib_send_bw, iperf3 over eth0 and through uipoib, ping, counters.
+      Writes report.{txt,json}. Exit 1 if ping failed either way or a measurement is
+      missing; with --check also on anything else missing or wrong (a failed step, a
+      guest script that did not exit 0, missing counters, a daemon that did not exit 0
+      after SIGTERM, ping loss above 0%, no TCP throughput through uipoib). --test
+      (`scripts/lab test`) then asserts: ping both ways with 0% loss, TCP through uipoib
+      > 0 bits/s, UDP through uipoib ran, both daemons exited 0 on SIGTERM with "ledger
+      balanced" for every interface in their exit log.
+  hostile OUTDIR [--vm-rc N] [--elapsed S] [--vm-elapsed S]
+      `scripts/lab hostile`: the rogue-QP checks (a), (b), (c). Writes
+      hostile-report.{txt,json}. Exit 1 if a check failed.
+  faults OUTDIR [--check] [--vm-rc N] [--elapsed S] [--vm-elapsed S]
+      `scripts/faults`: each scenario's table, then a row per injected fault (detect /
+      resume / recovery ms, WRs reaped, drops, ledger, iperf3 Mbit/s before/during/after,
+      pass/FAIL) and every failure. Writes faults-summary.{txt,json}. A scenario fails
+      when the engine says so, when it hit its time limit, when its report is missing or
+      unreadable, or when the daemon had to be repaired after it. Exit 1 if a scenario or
+      a guest step failed or a guest did not finish; with --check also on a missing
+      result or measurement, a failed build or boot.
+  perf OUTDIR [--vm-rc N]
+      `scripts/perf`: the table (per rep, median, spread, ratios, daemon cost, UDP loss,
+      profiles). Writes report.{txt,json}. Exit 1 if a rep lacks a measurement.
+  perf-host OUTDIR REPS
+      `scripts/perf host`: uipoib sim-pair against tapcopy. Writes report.{txt,json}.
+      Exit 1 if a measurement is missing.
+  recovery OUTDIR FAULTS
+      `scripts/perf recovery`: recovery times of the injected poll failures. Writes
+      recovery-report.{txt,json}. Exit 1 if the session broke, a ledger did not balance
+      or a restart is missing.
+
+Every JSON report has one envelope beside its own fields: "kind" (the KIND above), "ok"
+(the verdict the exit status gives) and "failures" (why ok is false; empty when ok).
+"""
+
+import argparse
+import sys
+
+from faults import faults
+from lab import e2e, hostile
+from perf import perf, perf_host, recovery
+
+
+# ---- the command line -----------------------------------------------------------------------------
+
+
+def main():
+    ap = argparse.ArgumentParser(description="The reports of the rxe lab (see this file's head).")
+    sub = ap.add_subparsers(dest="kind", required=True)
+
+    def kind(name, func, check=False, times=False):
+        p = sub.add_parser(name)
+        p.set_defaults(func=func)
+        p.add_argument("out")
+        if check:
+            p.add_argument("--check", action="store_true")
+        if times:
+            p.add_argument("--vm-rc", type=int)
+            p.add_argument("--elapsed", type=float)
+            p.add_argument("--vm-elapsed", type=float)
+        return p
+
+    kind("e2e", e2e, check=True, times=True).add_argument("--test", action="store_true")
+    kind("hostile", hostile, times=True)
+    kind("faults", faults, check=True, times=True)
+    kind("perf", perf).add_argument("--vm-rc", type=int)
+    kind("perf-host", perf_host).add_argument("reps", type=int)
+    kind("recovery", recovery).add_argument("faults", type=int)
+    a = ap.parse_args()
+    return a.func(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,445 @@
+"""The reports of scripts/lab: the end-to-end demo (and its test's assertions) and the
+hostile peer."""
+
+import json
+import os
+
+from common import (
+    read,
+    load,
+    text,
+    read_env,
+    status_of,
+    steps_of,
+    step_failure,
+    guest_failures,
+    tail,
+    fmt,
+    ratio,
+    parse_ping,
+    parse_ib_send_bw,
+    mb_to_mbit,
+    parse_iperf,
+    verdict,
+    finish,
+)
+
+
+# ---- e2e: scripts/lab ---------------------------------------------------------------------
+
+
+def e2e(a):
+    out = a.out
+    env = read_env(os.path.join(out, "lab.env"))
+    build = text(os.path.join(out, "build.status")) or "unknown"
+
+    rep = {
+        "config": {
+            "msg_size": int(env.get("LAB_MSG_SIZE", "4096")),
+            "ib_send_bw_seconds": env.get("LAB_IBBW_SECONDS"),
+            "iperf_seconds": env.get("LAB_IPERF_SECONDS"),
+            "udp_rate": env.get("LAB_UDP_RATE"),
+            "uipoib_bin": env.get("LAB_UIPOIB_SOURCE") or env.get("LAB_UIPOIB_BIN"),
+            "kernel": env.get("LAB_KVER"),
+            "build": build,
+        },
+        "timing": {"total_s": a.elapsed, "vm_s": a.vm_elapsed},
+    }
+    missing = []  # measurement missing or ping failed -> exit 1
+    problems = []  # only fatal with --check
+
+    # --- the guests themselves (the cause when everything is missing) ---
+    guests, why = guest_failures(out, a.vm_rc)
+    missing += why
+
+    # --- uipoib up (the cause when everything through uip0 fails) ---
+    for r in "ab":
+        f = step_failure(out, r, "up")
+        if f:
+            missing.append(f"uipoib not up: {f}")
+
+    # --- ping ---
+    rep["ping"] = {}
+    for r, name, peer in (("a", "a_to_b", "198.18.1.2"), ("b", "b_to_a", "198.18.1.1")):
+        p = parse_ping(read(os.path.join(out, f"ping-{r}.txt")))
+        fail = step_failure(out, r, "ping")
+        if p is None or p["received"] == 0:
+            why = fail or "no ping output"
+            rep["ping"][name] = {"status": f"FAILED: {why}", "target": peer}
+            missing.append(f"ping {name.replace('_', ' ')} ({peer}): {why}")
+        else:
+            rep["ping"][name] = {"status": "ok" if not fail else f"FAILED: {fail}", "target": peer, **p}
+            if p["loss_percent"] > 0:
+                problems.append(f"ping {name.replace('_', ' ')}: {p['loss_percent']}% packet loss")
+            elif fail:
+                missing.append(f"ping {name.replace('_', ' ')}: {fail}")
+
+    # --- ib_send_bw UD ---
+    ib = None
+    for f in ("ib_send_bw-client.txt", "ib_send_bw-server.txt"):
+        ib = parse_ib_send_bw(read(os.path.join(out, f)))
+        if ib:
+            break
+    if ib:
+        rep["ib_send_bw_ud"] = {"status": "ok", "msg_size": ib[0], "MB_per_s": ib[1], "mbit_per_s": mb_to_mbit(ib[1])}
+        if ib[0] != rep["config"]["msg_size"]:
+            problems.append(f"ib_send_bw ran with {ib[0]}-byte messages, not {rep['config']['msg_size']}")
+    else:
+        why = step_failure(out, "ab", "ibsend") or "no bandwidth line in the ib_send_bw output"
+        rep["ib_send_bw_ud"] = {"status": f"FAILED: {why}"}
+        missing.append(f"ib_send_bw UD: {why}")
+
+    # --- iperf3 ---
+    for key, step, fname, label in (
+        ("iperf3_eth0_tcp", "eth0tcp", "iperf3-eth0-tcp.json", "iperf3 TCP over eth0"),
+        ("iperf3_uipoib_tcp", "uiptcp", "iperf3-uipoib-tcp.json", "iperf3 TCP through uipoib"),
+        ("iperf3_uipoib_udp", "uipudp", "iperf3-uipoib-udp.json", "iperf3 UDP through uipoib"),
+    ):
+        res, err = parse_iperf(os.path.join(out, fname))
+        if res is None:
+            why = step_failure(out, "b", step) or err
+            if err and why != err:
+                why = f"{why} ({err})"
+            rep[key] = {"status": f"FAILED: {why}"}
+            missing.append(f"{label}: {why}")
+        else:
+            fail = step_failure(out, "ab", step)
+            rep[key] = {"status": "ok", **res}
+            if fail:
+                problems.append(f"{label}: {fail}")
+    tcp = rep["iperf3_uipoib_tcp"]
+    if tcp.get("status") == "ok" and not tcp.get("mbit_per_s"):
+        problems.append("iperf3 TCP through uipoib moved no data (0 bits/s)")
+
+    # --- ratios ---
+    u = rep["iperf3_uipoib_tcp"].get("mbit_per_s")
+    rep["ratios"] = {
+        "uipoib_tcp_over_ib_send_bw_ud": ratio(u, rep["ib_send_bw_ud"].get("mbit_per_s")),
+        "uipoib_tcp_over_eth0_tcp": ratio(u, rep["iperf3_eth0_tcp"].get("mbit_per_s")),
+    }
+
+    # --- daemons ---
+    rep["daemons"] = {}
+    for r in "ab":
+        d = {}
+        stats_text = read(os.path.join(out, f"uipoib-stats-{r}.json"))
+        stats = None
+        if stats_text and stats_text.strip():
+            try:
+                stats = json.loads(stats_text)
+            except ValueError:
+                d["stats_raw"] = stats_text[:2000]
+        d["stats"] = stats
+        sfail = step_failure(out, r, "stats")
+        if stats is not None and not sfail:
+            d["stats_status"] = "ok"
+        else:
+            why = sfail or ("stats output is not JSON" if stats_text else "no stats output")
+            d["stats_status"] = f"FAILED: {why}"
+            missing.append(f"uipoib counters of guest {r}: {why}")
+        d["exit_code"] = text(os.path.join(out, f"uipoib-{r}.rc"))
+        d["stop_status"] = status_of(out, r, "stop")
+        d["up_status"] = status_of(out, r, "up")
+        d["log_tail"] = tail(read(os.path.join(out, f"uipoib-{r}.log")), 15)
+        if d["exit_code"] != "0":
+            problems.append(f"uipoib daemon on guest {r}: exit code {d['exit_code'] or 'unknown'} ({d['stop_status'] or 'not stopped'})")
+        rep["daemons"][r] = d
+
+    # --- steps and guests ---
+    steps = ("ibsend", "eth0tcp", "up", "ping", "uiptcp", "uipudp", "stats", "stop")
+    rep["steps"] = {r: {s: status_of(out, r, s) for s in steps} for r in "ab"}
+    rep["guests"] = guests
+    for r in "ab":
+        if guests[r] != "0":
+            problems.append(f"guest {r} script exit code {guests[r] or 'missing'} (see {r}.log)")
+    if not build.startswith("ok"):
+        problems.append(f"build: {build}")
+    if a.vm_rc not in (None, 0):
+        problems.append(f"the guests' boot exited {a.vm_rc}")
+    for r in "ab":
+        for s, v in rep["steps"][r].items():
+            if v is not None and v != "ok":
+                reason = v.removeprefix("FAILED: ")
+                if not any(reason in p for p in problems + missing):
+                    problems.append(f"step {s} on guest {r}: {reason}")
+
+    rep["missing"] = missing
+    rep["problems"] = problems
+    rep["ok"] = not missing and (not a.check or not problems)
+    rep["mode"] = "check" if a.check else "report"
+
+    # --- text ---
+    L = []
+    c = rep["config"]
+    L.append("uipoib rxe lab report")
+    L.append("=" * 72)
+    L.append(f"kernel {c['kernel']}; msg size {c['msg_size']}; iperf3 {c['iperf_seconds']}s; UDP rate {c['udp_rate']}")
+    L.append(f"uipoib binary: {c['uipoib_bin']} (build: {build})")
+    if a.elapsed is not None:
+        L.append(f"time: {a.elapsed:.0f}s total, {fmt(a.vm_elapsed, '.0f')}s in the guests")
+    L.append("(absolute numbers are TCG-emulation bound; compare ratios within one run)")
+    L.append("")
+    L.append("uipoib up:  " + "   ".join(f"{r}: {rep['steps'][r]['up'] or 'never ran'}" for r in "ab"))
+    L.append("")
+    L.append("ping over uip0 (198.18.1.x)")
+    for name in ("a_to_b", "b_to_a"):
+        p = rep["ping"][name]
+        if "loss_percent" in p:
+            rtt = p.get("rtt_ms") or {}
+            L.append(
+                f"  {name.replace('_', ' '):7s} {p['received']}/{p['transmitted']} received, {p['loss_percent']:g}% loss, "
+                f"rtt min/avg/max {fmt(rtt.get('min'), '.2f')}/{fmt(rtt.get('avg'), '.2f')}/{fmt(rtt.get('max'), '.2f')} ms"
+                + ("" if p["status"] == "ok" else f"  [{p['status']}]")
+            )
+        else:
+            L.append(f"  {name.replace('_', ' '):7s} {p['status']}")
+    L.append("")
+    ibr = rep["ib_send_bw_ud"]
+    if ibr["status"] == "ok":
+        L.append(f"ib_send_bw -c UD -s {ibr['msg_size']}:   {ibr['MB_per_s']:.2f} MB/s (MiB/s) = {ibr['mbit_per_s']:.1f} Mbit/s")
+    else:
+        L.append(f"ib_send_bw -c UD:   {ibr['status']}")
+    for key, label in (
+        ("iperf3_eth0_tcp", "iperf3 TCP over eth0:   "),
+        ("iperf3_uipoib_tcp", "iperf3 TCP via uipoib:  "),
+        ("iperf3_uipoib_udp", "iperf3 UDP via uipoib:  "),
+    ):
+        r = rep[key]
+        if r["status"] != "ok":
+            L.append(f"{label}{r['status']}")
+        elif r.get("protocol") == "UDP":
+            L.append(
+                f"{label}{r['mbit_per_s']:.1f} Mbit/s received (sent {fmt(r.get('sender_mbit_per_s'))}), "
+                f"loss {fmt(r.get('lost_percent'), '.2f')}% ({r.get('lost_packets')}/{r.get('packets')}), "
+                f"jitter {fmt(r.get('jitter_ms'), '.3f')} ms, {r.get('blksize')}-byte datagrams"
+            )
+        else:
+            L.append(
+                f"{label}{r['mbit_per_s']:.1f} Mbit/s received (sent {fmt(r.get('sender_mbit_per_s'))}, "
+                f"{r.get('retransmits')} retransmits)"
+            )
+    L.append("")
+    rr = rep["ratios"]
+    L.append(f"ratio uipoib TCP / ib_send_bw UD:  {fmt(rr['uipoib_tcp_over_ib_send_bw_ud'], '.3f')}")
+    L.append(f"ratio uipoib TCP / eth0 TCP:       {fmt(rr['uipoib_tcp_over_eth0_tcp'], '.3f')}")
+    L.append("")
+    for r in "ab":
+        d = rep["daemons"][r]
+        L.append(f"daemon {r}: up {d['up_status'] or '-'}; exit code after SIGTERM {d['exit_code'] or '-'} ({d['stop_status'] or '-'})")
+        if d["stats"] is not None:
+            L.append("  counters: " + json.dumps(d["stats"], sort_keys=True))
+        else:
+            L.append(f"  counters: {d['stats_status']}")
+        if d["log_tail"]:
+            L.append("  output (tail):")
+            L.extend("    " + x for x in d["log_tail"][-8:])
+    L.append("")
+    L += verdict([("MISSING / FAILED:", missing), ("CHECK FAILED:" if a.check else "other problems:", problems)],
+                 rep["ok"], a.check)
+    t = "\n".join(L) + "\n"
+    failures = missing + (problems if a.check else [])
+    if a.test:
+        lines, test_failures = e2e_assert(out, rep)
+        t += "\n".join(lines) + "\n"
+        rep["test"] = {"ok": not test_failures, "failures": test_failures}
+        if not rep["ok"]:
+            test_failures.append("the lab run failed (see the report above)")
+        failures = failures + test_failures
+    return finish(out, "e2e", "report.txt", "report.json", t, rep, not failures, failures)
+
+
+def e2e_assert(out, rep):
+    """`scripts/lab test`'s assertions on the report: (text lines, the failed ones)."""
+    L = ["", "lab test assertions (" + os.path.join(out, "report.json") + "):"]
+    bad = []
+
+    def check(ok, what, detail):
+        L.append(f"  {'PASS' if ok else 'FAIL'}  {what}: {detail}")
+        if not ok:
+            bad.append(f"{what}: {detail}")
+
+    for name, label in (("a_to_b", "ping a -> b over uip0"), ("b_to_a", "ping b -> a over uip0")):
+        p = rep.get("ping", {}).get(name, {})
+        loss = p.get("loss_percent")
+        check(loss == 0 and p.get("received", 0) > 0, label + " with 0% loss",
+              f"{p.get('received')}/{p.get('transmitted')} received, {loss}% loss" if loss is not None else p.get("status"))
+    t = rep.get("iperf3_uipoib_tcp", {})
+    check((t.get("mbit_per_s") or 0) > 0, "iperf3 TCP through uipoib > 0 bits/s",
+          f"{t['mbit_per_s']:.2f} Mbit/s" if t.get("mbit_per_s") is not None else t.get("status"))
+    u = rep.get("iperf3_uipoib_udp", {})
+    check(u.get("status") == "ok" and u.get("mbit_per_s") is not None, "iperf3 UDP through uipoib ran",
+          f"{u['mbit_per_s']:.2f} Mbit/s, {u.get('lost_percent')}% loss" if u.get("mbit_per_s") is not None else u.get("status"))
+    for r in "ab":
+        rc = text(os.path.join(out, f"uipoib-{r}.rc")) or ""
+        check(rc == "0", f"daemon {r} exited 0 on SIGTERM", f"exit {rc or 'unknown'}")
+        log = read(os.path.join(out, f"uipoib-{r}.log")) or ""
+        lines = [x for x in log.splitlines() if x.startswith(("ledger balanced", "ledger NOT balanced"))]
+        check(bool(lines) and all(x == "ledger balanced" for x in lines),
+              f"daemon {r}'s exit log says 'ledger balanced' (every interface)",
+              "; ".join(lines) or f"no ledger line in uipoib-{r}.log")
+    if not rep.get("ok"):
+        L.append("  FAIL  the lab run failed (see the report above)")
+    L.append("lab test: " + ("PASSED" if not bad and rep.get("ok") else "FAILED"))
+    return L, bad
+
+
+# ---- hostile: scripts/lab hostile -----------------------------------------------------------
+
+
+def hostile(a):
+    out = a.out
+    env = read_env(os.path.join(out, "hostile.env"))
+    margin = float(env.get("LAB_HOSTILE_LOSS_MARGIN", "2"))
+    rss_limit = int(env.get("LAB_HOSTILE_RSS_LIMIT_KIB", "1024"))
+    arp_count = int(env.get("LAB_HOSTILE_ARP_COUNT", "80000"))
+    rogue_rate = env.get("LAB_HOSTILE_ROGUE_RATE")
+    udp_rate, udp_len, udp_secs = env.get("LAB_HOSTILE_UDP_RATE"), env.get("LAB_HOSTILE_UDP_LEN"), env.get("LAB_HOSTILE_UDP_SECONDS")
+    arp_rate = env.get("LAB_HOSTILE_ARP_RATE")
+
+    def ld(name):
+        return load(os.path.join(out, name))
+
+    def tx(name):
+        return text(os.path.join(out, name))
+
+    def delta(before, after, key):
+        b, af = ld(before), ld(after)
+        if not isinstance(b, dict) or not isinstance(af, dict) or key not in af or key not in b:
+            return None
+        return af[key] - b[key]
+
+    def udp(name):
+        # The loss is what the receiver did not get of what the sender sent (bytes, as
+        # iperf3's end.sum_sent / end.sum_received say). iperf3's own lost_percent counts
+        # sequence gaps only: a stream that stops arriving altogether shows 0% there.
+        j = ld(f"hostile-{name}-iperf3.json")
+        end = j.get("end", {}) if isinstance(j, dict) else {}
+        sent, recv = end.get("sum_sent", {}), end.get("sum_received", {})
+        lost = None
+        if sent.get("bytes") and "bytes" in recv:
+            lost = max(0.0, 100.0 * (1 - recv["bytes"] / sent["bytes"]))
+        r = {
+            "lost_percent": lost,
+            "sent_packets": sent.get("packets"),
+            "received_packets": recv.get("packets"),
+            "sent_bytes": sent.get("bytes"),
+            "received_bytes": recv.get("bytes"),
+            "iperf3_gap_lost_percent": recv.get("lost_percent"),
+            "mbit_per_s": recv["bits_per_second"] / 1e6 if "bits_per_second" in recv else None,
+            "error": j.get("error") if isinstance(j, dict) else "no iperf3 output",
+        }
+        for role in "ab":
+            for key in ("neigh_updated", "neigh_learned", "rx_packets", "tx_packets", "arp_rx"):
+                r[f"{role}_{key}"] = delta(f"hostile-{name}-before-stats-{role}.json", f"hostile-{name}-after-stats-{role}.json", key)
+        return r
+
+    checks = []
+
+    def check(ok, what, detail):
+        checks.append({"ok": bool(ok), "what": what, "detail": detail})
+
+    st_a, st_b = ld("hostile-status-a.json") or {}, ld("hostile-status-b.json") or {}
+    base, rog = udp("udp-base"), udp("udp-rogue")
+    ri = ld("hostile-rogue-ipv4.json") or {}
+    rep = {
+        "vm_rc": a.vm_rc,
+        "elapsed_s": a.elapsed,
+        "vm_elapsed_s": a.vm_elapsed,
+        "build": tx("build.status"),
+        "daemon_a": {"qpn": st_a.get("qpn"), "gid": st_a.get("gid")},
+        "daemon_b": {"qpn": st_b.get("qpn"), "gid": st_b.get("gid")},
+        "udp": {"rate": udp_rate, "len": int(udp_len or 0), "seconds": int(udp_secs or 0), "without_rogue": base, "with_rogue": rog},
+        "rogue_ipv4": ri,
+    }
+
+    # (a)
+    lb, lr = base["lost_percent"], rog["lost_percent"]
+    rogue_ran = ri.get("send_ok") is not None and ri.get("requested") and ri["send_ok"] >= 0.9 * ri["requested"]
+    check(rogue_ran and ri.get("qpn") not in (None, st_b.get("qpn")) and ri.get("gid") == st_b.get("gid"),
+          "(a) rogue QP at b's GID, not b's daemon's QPN, sent IPv4 to a's daemon",
+          f"rogue qpn {ri.get('qpn')} gid {ri.get('gid')} (b's daemon: qpn {st_b.get('qpn')} gid {st_b.get('gid')}); "
+          f"{ri.get('send_ok')}/{ri.get('requested')} sends completed at {rogue_rate}/s"
+          + (f"; {ri.get('error')}" if ri.get("error") else ""))
+    if lb is None or lr is None:
+        check(False, "(a) UDP a -> b loss with the rogue <= without + margin",
+              f"no loss figure (without: {base['error'] or lb}, with: {rog['error'] or lr})")
+    else:
+        check(lr <= lb + margin, f"(a) UDP a -> b loss with the rogue <= without + {margin:g} points",
+              f"without {lb:.2f}% ({base['received_packets']}/{base['sent_packets']} datagrams received), "
+              f"with {lr:.2f}% ({rog['received_packets']}/{rog['sent_packets']}); a's neigh_updated +{rog['a_neigh_updated']} "
+              f"(without: +{base['a_neigh_updated']}); a's packets the rogue QP received: {ri.get('rx_ipv4')} IPv4, "
+              f"{ri.get('rx_arp')} ARP")
+
+    # (b)
+    fa = ld("hostile-arp-a.json") or {}
+    ra = ld("hostile-rogue-arp.json") or {}
+    before, after = "hostile-arp-before-stats-a.json", "hostile-arp-after-stats-a.json"
+    # Delivered: receives a's daemon completed during the flood (whatever it then did with
+    # them: counted as ARP, dropped under a reason); arp_rx shown alongside.
+    delivered = delta(before, after, "recv_completed")
+    arp_rx = delta(before, after, "arp_rx")
+    r0, r1 = fa.get("rss_before_kib"), fa.get("rss_after_kib")
+    growth = r1 - r0 if isinstance(r0, int) and isinstance(r1, int) else None
+    af = ld(after) or {}
+    bf = ld(before) or {}
+    rep["arp_flood"] = {
+        "count": arp_count, "rate": int(arp_rate or 0), "rogue": ra, "delivered_recv_completed": delivered,
+        "a_arp_rx": arp_rx, "rss_before_kib": r0, "rss_after_kib": r1, "rss_growth_kib": growth,
+        "a_neigh_entries": af.get("neigh_entries"),
+        "a_neigh_learned": delta(before, after, "neigh_learned"),
+        "a_neigh_updated": delta(before, after, "neigh_updated"),
+        "a_drops_after": af.get("drops"), "a_drops_before": bf.get("drops"),
+        "ping_rc": fa.get("ping_rc"), "ping_seconds": fa.get("ping_seconds"),
+        "ping": tx("hostile-ping-after-arp.txt"),
+    }
+    check(delivered is not None and delivered >= 0.9 * arp_count,
+          f"(b) the flood reached a's daemon (receives completed >= 90% of {arp_count})",
+          f"recv_completed +{delivered}, arp_rx +{arp_rx}; rogue: {ra.get('send_ok')}/{ra.get('requested')} sends completed, "
+          f"{ra.get('completed_rate', 0):.0f}/s" + (f"; {ra.get('error')}" if ra.get("error") else ""))
+    check(growth is not None and growth < rss_limit, f"(b) a's daemon VmRSS grew < {rss_limit} KiB",
+          f"{r0} -> {r1} kB ({'+' if (growth or 0) >= 0 else ''}{growth} KiB)" if growth is not None else "no VmRSS figures")
+    ping_lines = [x for x in (tx("hostile-ping-after-arp.txt") or "").splitlines() if "packet loss" in x]
+    check(fa.get("ping_rc") == 0, "(b) ping -c 3 -w 30 a -> b over uip0 works after the flood",
+          f"exit {fa.get('ping_rc')} after {fa.get('ping_seconds')}s: {ping_lines[0] if ping_lines else 'no summary'}")
+
+    # (c) and the steps
+    steps = {}
+    for role in "ab":
+        rcv = tx(f"uipoib-{role}.rc")
+        stop = status_of(out, role, "stop")
+        final = status_of(out, role, "final")
+        check(rcv == "0" and stop == "ok", f"(c) daemon {role} exited 0 on SIGTERM with 'ledger balanced'",
+              f"exit {rcv}; {stop or 'no stop step'}")
+        check(final == "ok", f"(c) daemon {role}'s counters balance at rest", final or "no final step")
+        steps.update({f"{role}.{k}": v for k, v in steps_of(out, role).items()})
+    bad_steps = {k: v for k, v in steps.items() if v != "ok"}
+    check(not bad_steps and a.vm_rc == 0, "every guest step ran",
+          "; ".join(f"{k}: {v}" for k, v in bad_steps.items()) or f"guests exit {tx('a.rc')}/{tx('b.rc')}")
+    rep["steps"] = steps
+    rep["checks"] = checks
+    rep["passed"] = all(c["ok"] for c in checks)
+
+    arp = rep["arp_flood"]
+    L = [
+        "uipoib hostile-peer lab (real rdma_rxe, two QEMU guests)",
+        f"  daemon a (victim): qpn {st_a.get('qpn')} gid {st_a.get('gid')}; daemon b: qpn {st_b.get('qpn')} gid {st_b.get('gid')}",
+        f"  UDP a -> b: iperf3 -u -b {udp_rate} -l {udp_len} -t {udp_secs}",
+        f"    without rogue: loss {fmt(lb, '.2f')}% ({base['received_packets']}/{base['sent_packets']} datagrams received), "
+        f"{fmt(base['mbit_per_s'], '.2f')} Mbit/s received; "
+        f"a neigh_updated +{base['a_neigh_updated']}, b neigh_updated +{base['b_neigh_updated']}",
+        f"    with rogue ({rogue_rate}/s IPv4 from qpn {ri.get('qpn')}): loss {fmt(lr, '.2f')}% "
+        f"({rog['received_packets']}/{rog['sent_packets']} datagrams received), {fmt(rog['mbit_per_s'], '.2f')} Mbit/s received; "
+        f"a neigh_updated +{rog['a_neigh_updated']}, b neigh_updated +{rog['b_neigh_updated']}; "
+        f"rogue received {ri.get('rx_ipv4')} IPv4 + {ri.get('rx_arp')} ARP meant for b",
+        f"  ARP flood: {ra.get('posted')}/{arp_count} requests posted at {arp_rate}/s, {ra.get('send_ok')} completed "
+        f"({ra.get('completed_rate', 0):.0f}/s); a recv_completed +{delivered}, arp_rx +{arp_rx}, neigh_learned +{arp['a_neigh_learned']}, "
+        f"neigh_updated +{arp['a_neigh_updated']}, neigh_entries {af.get('neigh_entries')}",
+        f"    a's daemon VmRSS {r0} -> {r1} kB (growth {growth} KiB); ping after: exit {fa.get('ping_rc')} in {fa.get('ping_seconds')}s",
+        f"  elapsed {fmt(a.elapsed, '.0f')}s (guests {fmt(a.vm_elapsed, '.0f')}s)",
+        "checks:",
+    ]
+    L += [f"  {'PASS' if c['ok'] else 'FAIL'}  {c['what']}: {c['detail']}" for c in checks]
+    L.append("lab hostile: " + ("PASSED" if rep["passed"] else "FAILED"))
+    t = "\n".join(L) + "\n"
+    failures = [f"{c['what']}: {c['detail']}" for c in checks if not c["ok"]]
+    return finish(out, "hostile", "hostile-report.txt", "hostile-report.json", t, rep, rep["passed"], failures)
