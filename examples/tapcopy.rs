@@ -5,7 +5,7 @@
 //! them addresses and an MTU, and copies every Ethernet frame read from one into the
 //! other, unchanged, until SIGINT/SIGTERM. One thread per direction, each waiting on its
 //! source TAP with mio and reading until `WouldBlock`, as uipoib's poller does; no
-//! translation, no queue, no verbs. `scripts/perf-host` runs iperf3 across it and across
+//! translation, no queue, no verbs. `scripts/perf host` runs iperf3 across it and across
 //! `uipoib sim-pair` in the same namespaces and compares.
 //!
 //! ```sh

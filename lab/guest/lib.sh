@@ -17,9 +17,9 @@
 #   meet STEP [TIMEOUT]       the next rendezvous with the peer (both guests call it the
 #                             same number of times, in the same order); a missed one fails
 #                             STEP, and once the peer is lost later ones wait only briefly
-#   ledger_residuals [FILE]   "recv send" residuals of `uipoib stats --json` (FILE or
-#                             stdin): posted - completed - flushed - reaped - outstanding
-#                             per ring ("" without usable stats)
+#   ledger_residuals [FILE]   "recv send": the `ledger_residuals` the daemon reports in
+#                             `uipoib stats --json` (FILE or stdin), posted - completed -
+#                             flushed - reaped - outstanding per ring ("" without stats)
 #   daemon_up UIPOIB TAP ADDR TIMEOUT LOG   `uipoib up` in the background ($daemon), until
 #                             TAP is UP with ADDR: records step "up"
 #   daemon_stop LOG           SIGTERM: the daemon must exit 0 and its exit log say "ledger
@@ -105,11 +105,8 @@ meet() {
 # The counters' conservation law (older daemons had only wr_reaped, whose sends are the
 # `reaped` drops).
 ledger_residuals() {
-	# shellcheck disable=SC2016 # jq variables
-	jq -r '(if has("recv_reaped") then [.recv_reaped, .send_reaped]
-		else [(.wr_reaped // 0) - (.drops.reaped // 0), (.drops.reaped // 0)] end) as [$rr, $sr]
-		| "\(.recv_posted - .recv_completed - .recv_flushed - $rr - .recv_outstanding) \(.send_posted - .send_completed - .send_flushed - $sr - .send_outstanding)"' \
-		"$@" 2>/dev/null || true
+	# The daemon computes them (iface::stats::Snapshot::residuals); this only reads them.
+	jq -r '.ledger_residuals // empty | "\(.recv) \(.send)"' "$@" 2>/dev/null || true
 }
 
 # daemon_up UIPOIB TAP ADDR TIMEOUT LOG: sets $daemon (empty when it is not running).

@@ -4,11 +4,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::record::{Record, rates_for_restore, records_since, residuals};
+use super::report::AtRest;
 use super::report::Outcome;
-use super::report::{AtRest, Residuals};
 use super::run::Runner;
 use super::traffic::{Load, Sampler};
 use super::{Expect, kill};
+use crate::iface::stats::Residuals;
 use crate::iface::stats::Snapshot;
 
 impl Runner {

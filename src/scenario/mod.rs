@@ -134,8 +134,8 @@ mod traffic;
 
 pub use parse::{counter_names, substitute};
 pub use report::{
-    AtRest, DaemonRestart, FaultReport, Iperf3Session, Iperf3Window, Outcome, Report, Residuals,
-    Throughput, TrafficReport,
+    AtRest, DaemonRestart, FaultReport, Iperf3Session, Iperf3Window, Outcome, Report, Throughput,
+    TrafficReport,
 };
 pub use run::{RunError, Runner};
 pub use traffic::iperf3_interval_mbps;

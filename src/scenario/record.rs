@@ -4,9 +4,10 @@
 use serde_json::Value;
 
 use super::gaps;
-use super::report::{FaultReport, Iperf3Session, Outcome, Residuals, Throughput};
+use super::report::{FaultReport, Iperf3Session, Outcome, Throughput};
 use super::run::{Runner, WINDOW, unix_ms};
 use super::traffic::{Interval, Sample, Sampler};
+use crate::iface::stats::Residuals;
 use crate::iface::stats::Snapshot;
 use crate::runtime::supervisor::{RestartRecord, Status};
 
@@ -30,17 +31,9 @@ pub(super) struct Record {
     pub(super) want_iperf3_resumed: Option<bool>,
 }
 
-/// The ledger's residuals in `s`, per ring: posted - completed - flushed - reaped -
-/// outstanding. The one place the conservation law is computed.
+/// The ledger's residuals in `s` ([`Snapshot::residuals`]).
 pub(super) fn residuals(s: &Snapshot) -> Residuals {
-    let r = |l: [u64; 5]| {
-        let v = l[0] as i128 - l[1..].iter().map(|v| *v as i128).sum::<i128>();
-        v.clamp(i64::MIN as i128, i64::MAX as i128) as i64
-    };
-    Residuals {
-        recv: r(s.ledger(true)),
-        send: r(s.ledger(false)),
-    }
+    s.residuals()
 }
 
 /// The restart records added since `restarts0` restarts.

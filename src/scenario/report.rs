@@ -7,6 +7,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::iface::stats::Residuals;
+
 /// One checked expectation.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Outcome {
@@ -95,23 +97,6 @@ pub struct FaultReport {
     pub expectations: Vec<Outcome>,
     /// Every expectation held.
     pub passed: bool,
-}
-
-/// The residuals of the work-request ledger, per ring: posted - completed - flushed -
-/// reaped - outstanding. Both 0 when the counters balance.
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
-pub struct Residuals {
-    /// The receive ring's.
-    pub recv: i64,
-    /// The send ring's.
-    pub send: i64,
-}
-
-impl Residuals {
-    /// Both rings balance.
-    pub fn balanced(&self) -> bool {
-        *self == Residuals::default()
-    }
 }
 
 /// A daemon killed by a `kill` step and the one started in its place. Times are ms
