@@ -283,15 +283,8 @@ impl SupervisorThread {
         self.kept = None;
         self.reaper = None;
         let t = Closed {
-            reaped: 0,
-            sends_reaped: 0,
-            flushed: 0,
-            drain: Duration::ZERO,
-            destroy: Duration::ZERO,
-            errors: 0,
             ledger: Err(self.lost_ledger()),
-            kept: false,
-            restart: Duration::ZERO,
+            ..Closed::default()
         };
         self.torn_down(&t);
         t
