@@ -425,10 +425,22 @@ const NO_DEVICE_DEADLINE: Duration = Duration::from_secs(1);
 const REOPEN_DEADLINE: Duration = Duration::from_secs(20);
 
 /// `open` now (the endpoint, if any, dropped at once) and how long it took.
-fn timed_open(p: &RdmaProvider, device: &str) -> (Result<(), VerbsError>, Duration) {
+/// Open an endpoint on `device` `when` (a phrase: "with the device gone"), print how long
+/// that took, and check that it failed with `NoDevice` within [`NO_DEVICE_DEADLINE`].
+fn check_open_is_no_device(p: &RdmaProvider, device: &str, when: &str, f: &mut Vec<String>) {
     let t = Instant::now();
     let r = p.open(&cfg(device)).map(drop);
-    (r, t.elapsed())
+    let dt = t.elapsed();
+    println!(
+        "TIMING open {when}: {:.3} s: {}",
+        dt.as_secs_f64(),
+        r.as_ref().err().map_or("opened".into(), |e| e.to_string())
+    );
+    check(
+        matches!(r, Err(VerbsError::NoDevice(_))) && dt < NO_DEVICE_DEADLINE,
+        format!("open {when} -> NoDevice at once"),
+        f,
+    );
 }
 
 /// Wait up to `limit` for `child` to exit.
@@ -602,17 +614,7 @@ fn removal(p: &RdmaProvider, device: &str, netdev: &str) -> Result<Vec<String>, 
     }
     let still_running = child.try_wait().map_err(|e| e.to_string())?.is_none();
     println!("`rdma link delete` still waiting while the endpoints are open: {still_running}");
-    let (r, dt) = timed_open(p, device);
-    println!(
-        "TIMING open while the device is being removed: {:.3} s: {}",
-        dt.as_secs_f64(),
-        r.as_ref().err().map_or("opened".into(), |e| e.to_string())
-    );
-    check(
-        matches!(r, Err(VerbsError::NoDevice(_))) && dt < NO_DEVICE_DEADLINE,
-        "open while the device is being removed -> NoDevice at once".into(),
-        &mut f,
-    );
+    check_open_is_no_device(p, device, "while the device is being removed", &mut f);
 
     for (e, fds) in eps.iter_mut().zip(&fds) {
         pollset::unwatch(e, poll.registry(), fds).map_err(|e| e.to_string())?;
@@ -647,17 +649,7 @@ fn removal(p: &RdmaProvider, device: &str, netdev: &str) -> Result<Vec<String>, 
         ),
         &mut f,
     );
-    let (r, dt) = timed_open(p, device);
-    println!(
-        "TIMING open with the device gone: {:.3} s: {}",
-        dt.as_secs_f64(),
-        r.as_ref().err().map_or("opened".into(), |e| e.to_string())
-    );
-    check(
-        matches!(r, Err(VerbsError::NoDevice(_))) && dt < NO_DEVICE_DEADLINE,
-        "open with the device gone -> NoDevice at once".into(),
-        &mut f,
-    );
+    check_open_is_no_device(p, device, "with the device gone", &mut f);
 
     let added = Instant::now();
     let st = Command::new("rdma")
