@@ -20,9 +20,11 @@
 //! What the interface does with the translation's facts (the neighbour table, counters,
 //! posting) is measured by `benches/datapath.rs` and `benches/neigh.rs`.
 
+#[path = "support/short.rs"]
+mod short;
+
 use std::hint::black_box;
 use std::net::Ipv4Addr;
-use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use uipoib::verbs::{GRH_LEN, Gid, GrhKind};
@@ -301,10 +303,7 @@ fn bench_gso(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = Criterion::default()
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_secs(1))
-        .sample_size(30);
+    config = short::short();
     targets = bench_codecs, bench_gso
 }
 criterion_main!(benches);
