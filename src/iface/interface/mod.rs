@@ -299,14 +299,7 @@ impl Interface {
         epoch: u16,
         neigh: &mut Option<Neighbours>,
     ) -> Result<Interface, OpenError> {
-        Self::open_with(
-            Origin::Device(provider),
-            p,
-            stats,
-            epoch,
-            neigh,
-            Stopwatch(None),
-        )
+        Self::open_timed(Origin::Device(provider), p, stats, epoch, neigh, None)
     }
 
     /// Like [`Interface::open`] on an endpoint kept from the previous epoch by a
@@ -321,30 +314,20 @@ impl Interface {
         epoch: u16,
         neigh: &mut Option<Neighbours>,
     ) -> Result<Interface, OpenError> {
-        Self::open_with(Origin::Kept(kept), p, stats, epoch, neigh, Stopwatch(None))
+        Self::open_timed(Origin::Kept(kept), p, stats, epoch, neigh, None)
     }
 
     /// [`Interface::open`] or [`Interface::open_on`], as `origin` says, its steps timed
-    /// on `clock` ([`Interface::open_times`]).
+    /// on `clock` when given ([`Interface::open_times`]).
     pub fn open_timed(
         origin: Origin<'_>,
         p: &IfaceConfig,
         stats: Arc<Stats>,
         epoch: u16,
         neigh: &mut Option<Neighbours>,
-        clock: Clock<'_>,
+        clock: Option<Clock<'_>>,
     ) -> Result<Interface, OpenError> {
-        Self::open_with(origin, p, stats, epoch, neigh, Stopwatch(Some(clock)))
-    }
-
-    fn open_with(
-        origin: Origin<'_>,
-        p: &IfaceConfig,
-        stats: Arc<Stats>,
-        epoch: u16,
-        neigh: &mut Option<Neighbours>,
-        watch: Stopwatch<'_>,
-    ) -> Result<Interface, OpenError> {
+        let watch = Stopwatch(clock);
         match origin {
             Origin::Device(provider) => {
                 let start = watch.mark();

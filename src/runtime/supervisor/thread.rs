@@ -351,7 +351,7 @@ impl SupervisorThread {
             s.stats.clone(),
             epoch,
             &mut self.neigh,
-            clock,
+            Some(clock),
         );
         match opened {
             Ok(iface) => {
