@@ -84,6 +84,15 @@ fn close_act(drain: bool, keep: bool) -> Action {
     Action::Close { drain, keep }
 }
 
+/// What a failure handed over asks for: carrier off, restarting, the close.
+fn handed_over(drain: bool, keep: bool) -> Vec<Action> {
+    vec![
+        Action::CarrierOff,
+        Action::Status(State::Restarting),
+        close_act(drain, keep),
+    ]
+}
+
 fn open_failed(on_kept: bool, no_device: bool) -> Event {
     Event::OpenFailed { on_kept, no_device }
 }
@@ -100,14 +109,7 @@ fn recorded(acts: &[Action]) -> RestartRecord {
 fn quick_restart(m: &mut Recovery, c: &Clock, at: u64, cause: Failure) -> RestartRecord {
     let epoch = m.epoch();
     let acts = m.handle(failed(cause, false, c.t(at)), c.t(at), 0);
-    assert_eq!(
-        acts,
-        vec![
-            Action::CarrierOff,
-            Action::Status(State::Restarting),
-            close_act(true, true)
-        ]
-    );
+    assert_eq!(acts, handed_over(true, true));
     assert_eq!(
         m.handle(Event::Closed(torn(true)), c.t(at), 0),
         vec![reopen(epoch + 1, true)]
@@ -155,14 +157,7 @@ fn a_restart_keeps_the_endpoint_and_records_where_its_time_went() {
     };
     // Detected at 5000 ms, handed over at 5002.
     let acts = m.handle(failed(stall, false, c.t(5000)), c.t(5002), 77);
-    assert_eq!(
-        acts,
-        vec![
-            Action::CarrierOff,
-            Action::Status(State::Restarting),
-            close_act(true, true)
-        ]
-    );
+    assert_eq!(acts, handed_over(true, true));
     let t = Closed {
         reaped: 5,
         sends_reaped: 2,
@@ -248,15 +243,7 @@ fn a_failed_poll_is_never_drained_and_its_qp_destroyed_first() {
     for untrusted in [true, false] {
         let mut m = Recovery::new(policy(), 1, c.t(0));
         let acts = m.handle(failed(poll_failed(), untrusted, c.t(100)), c.t(100), 0);
-        assert_eq!(
-            acts,
-            vec![
-                Action::CarrierOff,
-                Action::Status(State::Restarting),
-                close_act(false, true)
-            ],
-            "untrusted: {untrusted}"
-        );
+        assert_eq!(acts, handed_over(false, true), "untrusted: {untrusted}");
     }
     // Another cause on an interface that says it may not be polled: no drain either.
     let mut m = Recovery::new(policy(), 1, c.t(0));
@@ -401,11 +388,7 @@ fn a_lost_device_is_closed_at_once_waited_for_and_reopened() {
     let removed = Failure::AsyncFatal(AsyncEvent::DeviceRemoved);
     assert_eq!(
         m.handle(failed(removed, false, c.t(2000)), c.t(2000), 0),
-        vec![
-            Action::CarrierOff,
-            Action::Status(State::Restarting),
-            close_act(false, false)
-        ]
+        handed_over(false, false)
     );
     assert_eq!(
         m.handle(Event::Closed(torn(false)), c.t(2001), 0),
