@@ -118,6 +118,17 @@ fn check_posts(
     check(ok, format!("{what}: {r:?}"), f);
 }
 
+/// Close `ep` and check that no teardown of `p` has failed so far.
+fn close_clean(ep: RdmaEndpoint, p: &RdmaProvider, f: &mut Vec<String>) -> Result<(), String> {
+    ep.close().map_err(|e| e.to_string())?;
+    check(
+        p.teardown_errors() == 0,
+        format!("teardown_errors = {}", p.teardown_errors()),
+        f,
+    );
+    Ok(())
+}
+
 fn sends(dest: Dest, first_id: u64, n: u32, len: u32) -> Vec<SendWr> {
     (0..n)
         .map(|i| SendWr {
@@ -237,13 +248,8 @@ fn errors(p: &RdmaProvider, device: &str) -> Result<Vec<String>, String> {
         &mut f,
     );
     let big = sends(dest, 100, 1, mtu + 1);
-    check_posts(
-        &mut ep,
-        &big,
-        0,
-        "send longer than max_payload -> rejected",
-        &mut f,
-    );
+    let what = "send longer than max_payload -> rejected";
+    check_posts(&mut ep, &big, 0, what, &mut f);
     let long = sends(dest, 100, 9, 64);
     let what = "chain longer than the send queue -> rejected";
     check_posts(&mut ep, &long, 0, what, &mut f);
@@ -291,13 +297,8 @@ fn errors(p: &RdmaProvider, device: &str) -> Result<Vec<String>, String> {
     );
     // Polled: room again. A chain of 8 where the limit cuts after 4 signalled sends.
     let four = sends(dest, 4000, 4, 2048);
-    check_posts(
-        &mut ep,
-        &four,
-        4,
-        "after polling, a chain of 4 posts",
-        &mut f,
-    );
+    let what = "after polling, a chain of 4 posts";
+    check_posts(&mut ep, &four, 4, what, &mut f);
     let eight = sends(dest, 5000, 8, 64);
     let what = "with 4 in flight, a chain of 8 posts its first 4";
     check_posts(&mut ep, &eight, 4, what, &mut f);
@@ -350,12 +351,7 @@ fn errors(p: &RdmaProvider, device: &str) -> Result<Vec<String>, String> {
     );
     println!("post_recv on an ERR QP: {r:?}; completions {got:?}");
     ep.destroy_ah(ah).map_err(|e| e.to_string())?;
-    ep.close().map_err(|e| e.to_string())?;
-    check(
-        p.teardown_errors() == 0,
-        format!("teardown_errors = {}", p.teardown_errors()),
-        &mut f,
-    );
+    close_clean(ep, p, &mut f)?;
     Ok(f)
 }
 
@@ -420,12 +416,7 @@ fn port_events(p: &RdmaProvider, device: &str, timeout: Duration) -> Result<Vec<
         &mut f,
     );
     pollset::unwatch(&mut ep, poll.registry(), &fds).map_err(|e| e.to_string())?;
-    ep.close().map_err(|e| e.to_string())?;
-    check(
-        p.teardown_errors() == 0,
-        format!("teardown_errors = {}", p.teardown_errors()),
-        &mut f,
-    );
+    close_clean(ep, p, &mut f)?;
     Ok(f)
 }
 
@@ -738,12 +729,7 @@ fn removal(p: &RdmaProvider, device: &str, netdev: &str) -> Result<Vec<String>, 
             &mut f,
         ),
     }
-    ep.close().map_err(|e| e.to_string())?;
-    check(
-        p.teardown_errors() == 0,
-        format!("teardown_errors = {}", p.teardown_errors()),
-        &mut f,
-    );
+    close_clean(ep, p, &mut f)?;
     Ok(f)
 }
 
