@@ -28,63 +28,73 @@ use support::Pair;
 const BURST: u64 = 128;
 const LENS: [usize; 3] = [52, 1500, 4092];
 
+/// The lab's pair of interfaces, A sending IP packets of `len` bytes to B.
+fn pair(len: usize) -> Pair {
+    let mut p = Pair::new(4096, false);
+    p.set_traffic(len, 52);
+    p
+}
+
+/// Move `iters` packets in bursts of at most [`BURST`]: `burst(p, n)` moves `n` and
+/// says how long its timed part took; the sum is the measurement.
+fn in_bursts(
+    p: &mut Pair,
+    iters: u64,
+    mut burst: impl FnMut(&mut Pair, u64) -> Duration,
+) -> Duration {
+    let mut spent = Duration::ZERO;
+    let mut left = iters;
+    while left > 0 {
+        let n = left.min(BURST);
+        spent += burst(p, n);
+        left -= n;
+    }
+    spent
+}
+
 fn bench_paths(c: &mut Criterion) {
     let mut g = c.benchmark_group("datapath");
     for len in LENS {
         g.throughput(Throughput::Elements(1));
         g.bench_with_input(BenchmarkId::new("tx", len), &len, |bch, &len| {
-            let mut p = Pair::new(4096, false);
-            p.set_traffic(len, 52);
+            let mut p = pair(len);
             bch.iter_custom(|iters| {
                 let now = Instant::now();
-                let mut spent = Duration::ZERO;
-                let mut left = iters;
-                while left > 0 {
-                    let n = left.min(BURST);
+                in_bursts(&mut p, iters, |p, n| {
                     p.ta.load(n as usize);
                     let t = Instant::now();
                     p.a_tx(now);
-                    spent += t.elapsed();
+                    let spent = t.elapsed();
                     p.b_rx(now);
-                    left -= n;
-                }
-                spent
+                    spent
+                })
             });
         });
         g.bench_with_input(BenchmarkId::new("rx", len), &len, |bch, &len| {
-            let mut p = Pair::new(4096, false);
-            p.set_traffic(len, 52);
+            let mut p = pair(len);
             bch.iter_custom(|iters| {
                 let now = Instant::now();
-                let mut spent = Duration::ZERO;
-                let mut left = iters;
-                while left > 0 {
-                    let n = left.min(BURST);
+                in_bursts(&mut p, iters, |p, n| {
                     p.ta.load(n as usize);
                     p.a_tx(now);
                     let t = Instant::now();
                     let got = p.b_rx(now);
-                    spent += t.elapsed();
+                    let spent = t.elapsed();
                     assert_eq!(got as u64, n, "every packet arrived");
-                    left -= n;
-                }
-                spent
+                    spent
+                })
             });
         });
         g.bench_with_input(BenchmarkId::new("forward", len), &len, |bch, &len| {
-            let mut p = Pair::new(4096, false);
-            p.set_traffic(len, 52);
+            let mut p = pair(len);
             bch.iter_custom(|iters| {
                 let now = Instant::now();
-                let t = Instant::now();
-                let mut left = iters;
-                while left > 0 {
-                    let n = left.min(BURST);
+                in_bursts(&mut p, iters, |p, n| {
+                    let t = Instant::now();
                     p.ta.load(n as usize);
                     p.a_to_b(now);
-                    left -= n;
-                }
-                t.elapsed()
+                    t.elapsed()
+                })
             });
         });
     }

@@ -8,6 +8,9 @@
 //! Keys are drawn in a fixed pseudo-random order over every entry, so large tables are
 //! measured with cache misses, not with one hot entry.
 
+#[path = "support/short.rs"]
+mod short;
+
 use std::hint::black_box;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
@@ -99,10 +102,7 @@ fn bench_neigh(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = Criterion::default()
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_secs(1))
-        .sample_size(30);
+    config = short::short();
     targets = bench_neigh
 }
 criterion_main!(benches);

@@ -20,46 +20,28 @@
 //! What the interface does with the translation's facts (the neighbour table, counters,
 //! posting) is measured by `benches/datapath.rs` and `benches/neigh.rs`.
 
+#[path = "../tests/common/frames.rs"]
+mod frames;
+#[path = "support/short.rs"]
+mod short;
+
 use std::hint::black_box;
 use std::net::Ipv4Addr;
-use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use uipoib::verbs::{GRH_LEN, Gid, GrhKind};
-use uipoib::wire::arp::{self, EthArp};
-use uipoib::wire::eth::{self, EthHeader, Mac, mac_for_gid};
+use uipoib::wire::eth::{self, Mac, mac_for_gid};
 use uipoib::wire::ipoib::{self, IpoibAddr};
 use uipoib::wire::ipv4::Ipv4Cidr;
 use uipoib::wire::offload::{self, FrameSink, Joiner, Segmenter, Taken, VNET_HDR_LEN, VnetHdr};
 use uipoib::wire::translate::{self, Local, RecvMeta, RxVerdict};
-use uipoib::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4, grh, ipv4};
+use uipoib::wire::{ETHERTYPE_IPV4, grh, ipv4};
 
+/// An IPv4 packet of `len` bytes (198.18.1.1 -> 198.18.1.2, TCP, no DF), zeros after
+/// its header.
 fn ip_packet(len: usize) -> Vec<u8> {
-    let mut ip = vec![0u8; len];
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&(len as u16).to_be_bytes());
-    ip[8] = 64;
-    ip[9] = 6;
-    ip[12..16].copy_from_slice(&[198, 18, 1, 1]);
-    ip[16..20].copy_from_slice(&[198, 18, 1, 2]);
-    let c = ipv4::checksum(&ip[..20]);
-    ip[10..12].copy_from_slice(&c.to_be_bytes());
-    ip
-}
-
-fn eth_frame(ethertype: u16, dst: Mac, src: Mac, payload: &[u8]) -> Vec<u8> {
-    let mut f = vec![0u8; eth::HEADER_LEN + payload.len()];
-    eth::emit_header(
-        &mut f,
-        &EthHeader {
-            dst,
-            src,
-            ethertype,
-        },
-    )
-    .unwrap();
-    f[eth::HEADER_LEN..].copy_from_slice(payload);
-    f
+    let (src, dst) = (Ipv4Addr::new(198, 18, 1, 1), Ipv4Addr::new(198, 18, 1, 2));
+    frames::ipv4_packet_flags(src, dst, 6, 0, 0, &vec![0; len - 20])
 }
 
 /// A UD receive: `grh`, then what was sent (IPoIB header and payload).
@@ -76,7 +58,7 @@ const MAC_B: Mac = Mac([2, 0, 198, 18, 1, 2]);
 fn bench_codecs(c: &mut Criterion) {
     let mut g = c.benchmark_group("wire");
     g.throughput(Throughput::Elements(1));
-    let frame = eth_frame(ETHERTYPE_IPV4, MAC_B, MAC_A, &ip_packet(1500));
+    let frame = frames::eth_frame(MAC_B, MAC_A, ETHERTYPE_IPV4, &ip_packet(1500));
     g.bench_function("eth_parse", |b| {
         b.iter(|| eth::parse_frame(black_box(&frame)).unwrap().0.ethertype)
     });
@@ -130,16 +112,7 @@ fn bench_codecs(c: &mut Criterion) {
         src_qp: 17,
         has_grh: true,
     };
-    let req = EthArp {
-        op: arp::OP_REQUEST,
-        sha: a.mac,
-        spa: a_ip,
-        tha: Mac::ZERO,
-        tpa: b_ip,
-    };
-    let mut eth_arp = [0u8; arp::ETH_ARP_LEN];
-    req.emit(&mut eth_arp).unwrap();
-    let arp_frame = eth_frame(ETHERTYPE_ARP, Mac::BROADCAST, a.mac, &eth_arp);
+    let arp_frame = frames::arp_request(a.mac, a_ip, b_ip);
     let mut sbuf = vec![0u8; 4096];
     g.bench_function("arp/eth_to_ipoib", |b| {
         b.iter(|| {
@@ -181,7 +154,7 @@ fn bench_codecs(c: &mut Criterion) {
 
     for len in [52usize, 1500, 4092] {
         g.throughput(Throughput::Bytes(len as u64));
-        let frame = eth_frame(ETHERTYPE_IPV4, b_local.mac, a.mac, &ip_packet(len));
+        let frame = frames::eth_frame(b_local.mac, a.mac, ETHERTYPE_IPV4, &ip_packet(len));
         g.bench_with_input(BenchmarkId::new("eth_to_ipoib", len), &len, |b, _| {
             b.iter(|| {
                 let f = black_box(&frame[..]);
@@ -234,7 +207,7 @@ fn tcp_super_frame(payload: usize) -> Vec<u8> {
     for (i, b) in ip[40..].iter_mut().enumerate() {
         *b = i as u8;
     }
-    eth_frame(ETHERTYPE_IPV4, MAC_A, MAC_B, &ip)
+    frames::eth_frame(MAC_A, MAC_B, ETHERTYPE_IPV4, &ip)
 }
 
 struct Discard;
@@ -301,10 +274,7 @@ fn bench_gso(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = Criterion::default()
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_secs(1))
-        .sample_size(30);
+    config = short::short();
     targets = bench_codecs, bench_gso
 }
 criterion_main!(benches);

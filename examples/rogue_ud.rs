@@ -30,13 +30,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+#[path = "common/cli.rs"]
+mod cli;
 use clap::{Parser, Subcommand};
 use serde_json::json;
 use uipoib::runtime::config::{DEFAULT_GROUP, DEFAULT_QKEY};
 use uipoib::verbs::rdma::{RdmaEndpoint, RdmaProvider};
 use uipoib::verbs::{
-    Completion, CqKind, Dest, Endpoint, EndpointConfig, GRH_LEN, Gid, MULTICAST_QPN, SendWr,
-    WcStatus,
+    Completion, CqKind, Dest, Endpoint, GRH_LEN, Gid, MULTICAST_QPN, SendWr, WcStatus,
 };
 use uipoib::wire::arp::{IpoibArp, OP_REQUEST};
 use uipoib::wire::ipoib::{self, IpoibAddr};
@@ -45,15 +46,8 @@ use uipoib::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ipv4};
 #[derive(Parser, Debug)]
 #[command(about = "Hostile IPoIB sender on its own UD QP (lab tool)")]
 struct Args {
-    /// Verbs device.
-    #[arg(long, default_value = "rxe0")]
-    device: String,
-    /// Port number.
-    #[arg(long, default_value_t = 1)]
-    port: u8,
-    /// GID index (default: the provider's choice, the one the daemon picks too).
-    #[arg(long)]
-    gid_index: Option<u8>,
+    #[command(flatten)]
+    dev: cli::Device,
     /// Q_Key to send with (and of this QP), decimal or 0x-hex.
     #[arg(long, value_parser = parse_u32, default_value_t = DEFAULT_QKEY)]
     qkey: u32,
@@ -405,18 +399,10 @@ fn run(args: &Args) -> Result<serde_json::Value, String> {
         }
     }
     let provider = RdmaProvider::new();
-    let cfg = EndpointConfig {
-        device: args.device.clone(),
-        port: args.port,
-        gid_index: args.gid_index,
-        qkey: args.qkey,
-        recv_slots: args.slots,
-        send_slots: args.slots,
-        max_payload: None,
-    };
+    let cfg = args.dev.endpoint(args.qkey, args.slots);
     let ep = provider
         .open_endpoint(&cfg)
-        .map_err(|e| format!("open {}: {e}", args.device))?;
+        .map_err(|e| format!("open {}: {e}", args.dev.device))?;
     let mut s = Sender {
         free: (0..args.slots).rev().collect(),
         ep,
@@ -464,7 +450,7 @@ fn run(args: &Args) -> Result<serde_json::Value, String> {
     let (dest, dest_text) = dest;
     println!(
         "READY device={} qpn={own_qpn} gid={own_gid} qkey={:#x} mtu={} dest={dest_text}",
-        args.device,
+        args.dev.device,
         args.qkey,
         s.ep.attrs().port_mtu
     );
@@ -573,7 +559,7 @@ fn run(args: &Args) -> Result<serde_json::Value, String> {
     };
     let result = json!({
         "mode": mode,
-        "device": args.device,
+        "device": args.dev.device,
         "qpn": own_qpn,
         "gid": own_gid.to_string(),
         "qkey": args.qkey,
@@ -618,12 +604,7 @@ fn run(args: &Args) -> Result<serde_json::Value, String> {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    cli::init_tracing();
     let args = Args::parse();
     let (ok, result) = match run(&args) {
         Ok(r) => {

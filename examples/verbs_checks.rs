@@ -101,6 +101,34 @@ fn collect(ep: &mut RdmaEndpoint, cq: CqKind, want: usize, timeout: Duration) ->
     got
 }
 
+/// Post `chain` and check that exactly its first `want` work requests were posted: all
+/// of it with `Ok`, fewer with an error saying how many.
+fn check_posts(
+    ep: &mut RdmaEndpoint,
+    chain: &[SendWr],
+    want: usize,
+    what: &str,
+    f: &mut Vec<String>,
+) {
+    let r = ep.post_send(chain);
+    let ok = match &r {
+        Ok(()) => want == chain.len(),
+        Err(e) => e.posted == want && want < chain.len(),
+    };
+    check(ok, format!("{what}: {r:?}"), f);
+}
+
+/// Close `ep` and check that no teardown of `p` has failed so far.
+fn close_clean(ep: RdmaEndpoint, p: &RdmaProvider, f: &mut Vec<String>) -> Result<(), String> {
+    ep.close().map_err(|e| e.to_string())?;
+    check(
+        p.teardown_errors() == 0,
+        format!("teardown_errors = {}", p.teardown_errors()),
+        f,
+    );
+    Ok(())
+}
+
 fn sends(dest: Dest, first_id: u64, n: u32, len: u32) -> Vec<SendWr> {
     (0..n)
         .map(|i| SendWr {
@@ -220,18 +248,11 @@ fn errors(p: &RdmaProvider, device: &str) -> Result<Vec<String>, String> {
         &mut f,
     );
     let big = sends(dest, 100, 1, mtu + 1);
-    let r = ep.post_send(&big);
-    check(
-        matches!(&r, Err(e) if e.posted == 0),
-        format!("send longer than max_payload -> rejected: {r:?}"),
-        &mut f,
-    );
-    let r = ep.post_send(&sends(dest, 100, 9, 64));
-    check(
-        matches!(&r, Err(e) if e.posted == 0),
-        format!("chain longer than the send queue -> rejected: {r:?}"),
-        &mut f,
-    );
+    let what = "send longer than max_payload -> rejected";
+    check_posts(&mut ep, &big, 0, what, &mut f);
+    let long = sends(dest, 100, 9, 64);
+    let what = "chain longer than the send queue -> rejected";
+    check_posts(&mut ep, &long, 0, what, &mut f);
     check(
         collect(&mut ep, CqKind::Send, 0, Duration::ZERO).is_empty(),
         "no completion from rejected chains".into(),
@@ -275,18 +296,12 @@ fn errors(p: &RdmaProvider, device: &str) -> Result<Vec<String>, String> {
         &mut f,
     );
     // Polled: room again. A chain of 8 where the limit cuts after 4 signalled sends.
-    let r = ep.post_send(&sends(dest, 4000, 4, 2048));
-    check(
-        r.is_ok(),
-        format!("after polling, a chain of 4 posts: {r:?}"),
-        &mut f,
-    );
-    let r = ep.post_send(&sends(dest, 5000, 8, 64));
-    check(
-        matches!(&r, Err(e) if e.posted == 4),
-        format!("with 4 in flight, a chain of 8 posts its first 4: {r:?}"),
-        &mut f,
-    );
+    let four = sends(dest, 4000, 4, 2048);
+    let what = "after polling, a chain of 4 posts";
+    check_posts(&mut ep, &four, 4, what, &mut f);
+    let eight = sends(dest, 5000, 8, 64);
+    let what = "with 4 in flight, a chain of 8 posts its first 4";
+    check_posts(&mut ep, &eight, 4, what, &mut f);
     let got = collect(&mut ep, CqKind::Send, 8, Duration::from_secs(5));
     check(
         got.len() == 8 && got.iter().all(|c| c.status == WcStatus::Success),
@@ -336,12 +351,7 @@ fn errors(p: &RdmaProvider, device: &str) -> Result<Vec<String>, String> {
     );
     println!("post_recv on an ERR QP: {r:?}; completions {got:?}");
     ep.destroy_ah(ah).map_err(|e| e.to_string())?;
-    ep.close().map_err(|e| e.to_string())?;
-    check(
-        p.teardown_errors() == 0,
-        format!("teardown_errors = {}", p.teardown_errors()),
-        &mut f,
-    );
+    close_clean(ep, p, &mut f)?;
     Ok(f)
 }
 
@@ -406,12 +416,7 @@ fn port_events(p: &RdmaProvider, device: &str, timeout: Duration) -> Result<Vec<
         &mut f,
     );
     pollset::unwatch(&mut ep, poll.registry(), &fds).map_err(|e| e.to_string())?;
-    ep.close().map_err(|e| e.to_string())?;
-    check(
-        p.teardown_errors() == 0,
-        format!("teardown_errors = {}", p.teardown_errors()),
-        &mut f,
-    );
+    close_clean(ep, p, &mut f)?;
     Ok(f)
 }
 
@@ -425,10 +430,22 @@ const NO_DEVICE_DEADLINE: Duration = Duration::from_secs(1);
 const REOPEN_DEADLINE: Duration = Duration::from_secs(20);
 
 /// `open` now (the endpoint, if any, dropped at once) and how long it took.
-fn timed_open(p: &RdmaProvider, device: &str) -> (Result<(), VerbsError>, Duration) {
+/// Open an endpoint on `device` `when` (a phrase: "with the device gone"), print how long
+/// that took, and check that it failed with `NoDevice` within [`NO_DEVICE_DEADLINE`].
+fn check_open_is_no_device(p: &RdmaProvider, device: &str, when: &str, f: &mut Vec<String>) {
     let t = Instant::now();
     let r = p.open(&cfg(device)).map(drop);
-    (r, t.elapsed())
+    let dt = t.elapsed();
+    println!(
+        "TIMING open {when}: {:.3} s: {}",
+        dt.as_secs_f64(),
+        r.as_ref().err().map_or("opened".into(), |e| e.to_string())
+    );
+    check(
+        matches!(r, Err(VerbsError::NoDevice(_))) && dt < NO_DEVICE_DEADLINE,
+        format!("open {when} -> NoDevice at once"),
+        f,
+    );
 }
 
 /// Wait up to `limit` for `child` to exit.
@@ -602,17 +619,7 @@ fn removal(p: &RdmaProvider, device: &str, netdev: &str) -> Result<Vec<String>, 
     }
     let still_running = child.try_wait().map_err(|e| e.to_string())?.is_none();
     println!("`rdma link delete` still waiting while the endpoints are open: {still_running}");
-    let (r, dt) = timed_open(p, device);
-    println!(
-        "TIMING open while the device is being removed: {:.3} s: {}",
-        dt.as_secs_f64(),
-        r.as_ref().err().map_or("opened".into(), |e| e.to_string())
-    );
-    check(
-        matches!(r, Err(VerbsError::NoDevice(_))) && dt < NO_DEVICE_DEADLINE,
-        "open while the device is being removed -> NoDevice at once".into(),
-        &mut f,
-    );
+    check_open_is_no_device(p, device, "while the device is being removed", &mut f);
 
     for (e, fds) in eps.iter_mut().zip(&fds) {
         pollset::unwatch(e, poll.registry(), fds).map_err(|e| e.to_string())?;
@@ -647,17 +654,7 @@ fn removal(p: &RdmaProvider, device: &str, netdev: &str) -> Result<Vec<String>, 
         ),
         &mut f,
     );
-    let (r, dt) = timed_open(p, device);
-    println!(
-        "TIMING open with the device gone: {:.3} s: {}",
-        dt.as_secs_f64(),
-        r.as_ref().err().map_or("opened".into(), |e| e.to_string())
-    );
-    check(
-        matches!(r, Err(VerbsError::NoDevice(_))) && dt < NO_DEVICE_DEADLINE,
-        "open with the device gone -> NoDevice at once".into(),
-        &mut f,
-    );
+    check_open_is_no_device(p, device, "with the device gone", &mut f);
 
     let added = Instant::now();
     let st = Command::new("rdma")
@@ -732,12 +729,7 @@ fn removal(p: &RdmaProvider, device: &str, netdev: &str) -> Result<Vec<String>, 
             &mut f,
         ),
     }
-    ep.close().map_err(|e| e.to_string())?;
-    check(
-        p.teardown_errors() == 0,
-        format!("teardown_errors = {}", p.teardown_errors()),
-        &mut f,
-    );
+    close_clean(ep, p, &mut f)?;
     Ok(f)
 }
 

@@ -24,6 +24,8 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+#[path = "common/cli.rs"]
+mod cli;
 use clap::{Parser, ValueEnum};
 use mio::{Events, Poll, Token};
 
@@ -31,8 +33,8 @@ use mio::{Events, Poll, Token};
 mod pollset;
 use uipoib::verbs::rdma::{RdmaEndpoint, RdmaProvider};
 use uipoib::verbs::{
-    AhHandle, AsyncEvent, Completion, CqKind, Dest, Endpoint, EndpointConfig, GRH_LEN, Gid,
-    GrhKind, MULTICAST_QPN, SendWr, WaitFds, WcStatus,
+    AhHandle, AsyncEvent, Completion, CqKind, Dest, Endpoint, GRH_LEN, Gid, GrhKind, MULTICAST_QPN,
+    SendWr, WaitFds, WcStatus,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -44,15 +46,8 @@ enum Role {
 #[derive(Parser, Debug)]
 #[command(about = "UD ping-pong over the real verbs provider")]
 struct Args {
-    /// Verbs device.
-    #[arg(long, default_value = "rxe0")]
-    device: String,
-    /// Port number.
-    #[arg(long, default_value_t = 1)]
-    port: u8,
-    /// GID index (default: the provider's choice).
-    #[arg(long)]
-    gid_index: Option<u8>,
+    #[command(flatten)]
+    dev: cli::Device,
     #[arg(long, value_enum)]
     role: Role,
     /// Server's GID (client, unicast).
@@ -163,15 +158,7 @@ fn grh_addrs(grh: &[u8], kind: GrhKind) -> (Gid, Gid) {
 
 impl Node {
     fn new(provider: &RdmaProvider, args: &Args) -> Result<Node, String> {
-        let cfg = EndpointConfig {
-            device: args.device.clone(),
-            port: args.port,
-            gid_index: args.gid_index,
-            qkey: args.qkey,
-            recv_slots: args.slots,
-            send_slots: args.slots,
-            max_payload: None,
-        };
+        let cfg = args.dev.endpoint(args.qkey, args.slots);
         let mut ep = provider
             .open_endpoint(&cfg)
             .map_err(|e| format!("open: {e}"))?;
@@ -660,12 +647,7 @@ fn run(args: &Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    cli::init_tracing();
     let args = Args::parse();
     match run(&args) {
         Ok(()) => {

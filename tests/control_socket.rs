@@ -8,11 +8,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 
-use uipoib::iface::stats::Stats;
 use uipoib::runtime::control::{self, ControlServer};
-use uipoib::runtime::supervisor::Status;
 
 const NOBODY: u32 = 65534;
 
@@ -43,14 +40,7 @@ fn a_peer_with_another_uid_is_refused_and_counted() {
     std::fs::create_dir(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     let path = dir.join("c.sock");
-    let srv = ControlServer::start(
-        &path,
-        Arc::new(Stats::default()),
-        Arc::new(Mutex::new(Status::default())),
-        None,
-        None,
-    )
-    .unwrap();
+    let srv = ControlServer::start_bare(&path, None).unwrap();
     // Open the file permissions up, as a careless operator might: the uid check is
     // what still keeps the other user out. The client binary is copied where that
     // user can run it (the build tree may not be readable to it).

@@ -42,14 +42,7 @@ fn sock_path(tag: &str) -> PathBuf {
 fn serve(tag: &str) -> (PathBuf, Arc<FaultSwitch>, ControlServer) {
     let path = sock_path(tag);
     let switch = Arc::new(FaultSwitch::default());
-    let srv = ControlServer::start(
-        &path,
-        Arc::new(Stats::default()),
-        Arc::new(Mutex::new(Status::default())),
-        None,
-        Some(switch.clone()),
-    )
-    .unwrap();
+    let srv = ControlServer::start_bare(&path, Some(switch.clone())).unwrap();
     (path, switch, srv)
 }
 
@@ -205,14 +198,7 @@ fn status_cli(control: &Path, json: bool) -> Output {
 #[test]
 fn without_the_switch_inject_is_refused_and_status_says_so() {
     let path = sock_path("off");
-    let _srv = ControlServer::start(
-        &path,
-        Arc::new(Stats::default()),
-        Arc::new(Mutex::new(Status::default())),
-        None,
-        None,
-    )
-    .unwrap();
+    let _srv = ControlServer::start_bare(&path, None).unwrap();
     let out = uipoib(&path, &["inject", "poll-error", "--after", "10"]);
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);

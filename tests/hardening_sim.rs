@@ -32,17 +32,16 @@ use uipoib::wire::arp::{self, IpoibArp};
 use uipoib::wire::ipoib::{self, IpoibAddr};
 use uipoib::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4};
 
-/// A (through the fault switch) and B on a fresh fabric, introduced to each other.
-struct FaultyPair {
-    _sim: Arc<SimFabric>,
-    switch: Arc<uipoib::verbs::fault::FaultSwitch>,
-    a: Interface,
-    ta: FakeTap,
-    b: Interface,
-    tb: FakeTap,
-}
-
-fn faulty_pair() -> FaultyPair {
+/// A (through the fault switch) and B on a fresh fabric, introduced to each other: the
+/// fabric, the switch, A, its TAP, B, its TAP.
+fn faulty_pair() -> (
+    Arc<SimFabric>,
+    Arc<uipoib::verbs::fault::FaultSwitch>,
+    Interface,
+    FakeTap,
+    Interface,
+    FakeTap,
+) {
     let sim = Arc::new(fabric(4096));
     let faulty = FaultyProvider::new(sim.clone());
     let switch = faulty.switch();
@@ -50,14 +49,7 @@ fn faulty_pair() -> FaultyPair {
     let mut b = open(sim.as_ref(), "sim1", "198.18.2.2/24", 16, 8);
     let (ta, tb) = (FakeTap::default(), FakeTap::default());
     introduce(&mut a, &ta, &mut b, &tb, A_IP, B_IP);
-    FaultyPair {
-        _sim: sim,
-        switch,
-        a,
-        ta,
-        b,
-        tb,
-    }
+    (sim, switch, a, ta, b, tb)
 }
 
 /// Poll `a`'s receive CQ until it is empty.
@@ -87,7 +79,7 @@ fn a_failed_poll_is_never_followed_by_a_poll_through_the_whole_restart() {
         backoff_initial: Duration::from_millis(1),
         backoff_max: Duration::from_millis(5),
     };
-    let (_sim, switch, a, b) = sup::pair(policy);
+    let (_, switch, a, b) = sup::pair(policy);
     let renewals_before = switch.endpoint_restarts();
     // Every poll fails from now on, and the fault stays armed through every restart
     // until the breaker gives up.
@@ -132,14 +124,7 @@ fn a_failed_poll_is_never_followed_by_a_poll_through_the_whole_restart() {
 
 #[test]
 fn the_teardown_after_a_failed_poll_does_not_drain_and_reaps_everything() {
-    let FaultyPair {
-        switch,
-        mut a,
-        ta,
-        mut b,
-        tb,
-        ..
-    } = faulty_pair();
+    let (_, switch, mut a, ta, mut b, tb) = faulty_pair();
     send_b_to_a(&a, &mut b, &tb, 3);
     switch.arm_poll_error(-5);
     assert!(a.poll_rx(&ta, Instant::now()).is_err());
@@ -200,14 +185,7 @@ fn receives_completed_before_an_operator_restart_reach_the_tap() {
 
 #[test]
 fn a_qp_that_cannot_be_moved_to_error_is_destroyed_before_its_buffers_are_reaped() {
-    let FaultyPair {
-        switch,
-        a,
-        ta,
-        mut b,
-        tb,
-        ..
-    } = faulty_pair();
+    let (_, switch, a, ta, mut b, tb) = faulty_pair();
     switch.refuse_qp_error(true);
     let stats = a.stats().clone();
     let (t, neigh, kept) = a.close_keeping(FLUSH_DEADLINE, &ta);
@@ -235,14 +213,7 @@ fn a_qp_that_cannot_be_moved_to_error_is_destroyed_before_its_buffers_are_reaped
 
 #[test]
 fn a_qp_whose_flushes_do_not_all_arrive_is_retired_in_the_error_state() {
-    let FaultyPair {
-        switch,
-        mut a,
-        ta,
-        b,
-        tb: _,
-        ..
-    } = faulty_pair();
+    let (_, switch, mut a, ta, b, _) = faulty_pair();
     // Send completions are held back: the drain cannot account for A's sends.
     switch.arm(FaultSpec::new(Fault::StallSend).unlimited());
     a.poll_tx(Instant::now()).unwrap();
@@ -474,14 +445,7 @@ fn a_peer_claiming_many_addresses_holds_one_entry() {
 
 #[test]
 fn a_bad_wr_outside_the_chain_restarts_and_takes_the_chain_as_posted() {
-    let FaultyPair {
-        switch,
-        mut a,
-        ta,
-        b,
-        tb: _,
-        ..
-    } = faulty_pair();
+    let (_, switch, mut a, ta, b, _) = faulty_pair();
     switch.bad_wr_once();
     for i in 0..3u8 {
         ta.inject(ipv4_frame(b.mac(), a.mac(), A_IP, B_IP, &[i; 30]));

@@ -13,8 +13,9 @@ use common::sup::{A_IP, B_IP, flows, pair};
 use common::{fabric, params};
 use uipoib::iface::recovery::Policy;
 use uipoib::iface::stats::Stats;
-use uipoib::iface::{FLUSH_DEADLINE, Interface};
+use uipoib::iface::{FLUSH_DEADLINE, IfaceConfig, Interface};
 use uipoib::runtime::supervisor::Close;
+use uipoib::verbs::sim::SimFabric;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -34,8 +35,16 @@ fn rss_kib() -> u64 {
     pages * 4
 }
 
-#[test]
-fn ten_thousand_restarts_leak_nothing() {
+/// 10,000 epochs of an interface (16-slot rings, budget 16) beside a peer on one
+/// fabric, counted from `base` taken at the 100th: every tenth epoch announces first
+/// (sends in flight when it goes down), `restart(sim, iface, p, stats, epoch, i)` closes
+/// it and opens the next, whose ledger must check out and whose receive ring must poll.
+/// Then nothing may have grown ([`assert_nothing_grew`]) and every QP is closed. Returns
+/// the fabric and how many endpoints it had opened once the first epoch was open.
+fn ten_thousand_epochs(
+    what: &str,
+    mut restart: impl FnMut(&SimFabric, Interface, &IfaceConfig, &Arc<Stats>, u16, u32) -> Interface,
+) -> (SimFabric, u64) {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let sim = fabric(4096);
     let stats = Arc::new(Stats::default());
@@ -43,8 +52,8 @@ fn ten_thousand_restarts_leak_nothing() {
     p.budget = 16;
     let peer = common::open(&sim, "sim1", "198.18.2.2/24", 16, 16);
     let tap = common::FakeTap::default();
-    let mut neigh = None;
-    let mut iface = Interface::open(&sim, &p, stats.clone(), 1, &mut neigh).unwrap();
+    let mut iface = Interface::open(&sim, &p, stats.clone(), 1, &mut None).unwrap();
+    let opens = sim.opens();
     let mut base = (0, 0);
     for i in 0..10_000u32 {
         if i == 100 {
@@ -54,19 +63,26 @@ fn ten_thousand_restarts_leak_nothing() {
         if i % 10 == 0 {
             iface.announce(Instant::now());
         }
-        let (t, n) = iface.close(FLUSH_DEADLINE);
-        t.ledger.unwrap_or_else(|e| panic!("restart {i}: {e}"));
-        neigh = Some(n);
-        iface =
-            Interface::open(&sim, &p, stats.clone(), (i % 60_000 + 2) as u16, &mut neigh).unwrap();
+        let epoch = (i % 60_000 + 2) as u16;
+        iface = restart(&sim, iface, &p, &stats, epoch, i);
         assert_eq!(sim.live_qps(), 2, "restart {i}");
         iface.ledger().check().unwrap();
         iface.poll_rx(&tap, Instant::now()).unwrap();
     }
-    assert_nothing_grew("10k restarts", base, &stats);
+    assert_nothing_grew(what, base, &stats);
     drop(iface.close(FLUSH_DEADLINE));
     drop(peer.close(FLUSH_DEADLINE));
     assert_eq!(sim.live_qps(), 0);
+    (sim, opens)
+}
+
+#[test]
+fn ten_thousand_restarts_leak_nothing() {
+    ten_thousand_epochs("10k restarts", |sim, iface, p, stats, epoch, i| {
+        let (t, n) = iface.close(FLUSH_DEADLINE);
+        t.ledger.unwrap_or_else(|e| panic!("restart {i}: {e}"));
+        Interface::open(sim, p, stats.clone(), epoch, &mut Some(n)).unwrap()
+    });
 }
 
 /// After 10,000 epochs (measured from `base`, taken at the 100th): no file descriptor
@@ -93,46 +109,20 @@ fn assert_nothing_grew(what: &str, base: (usize, u64), stats: &Stats) {
 
 #[test]
 fn ten_thousand_renewals_reuse_the_endpoint_and_leak_nothing() {
-    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let sim = fabric(4096);
-    let stats = Arc::new(Stats::default());
-    let mut p = params("sim0", "198.18.2.1/24", 16, 16);
-    p.budget = 16;
-    let peer = common::open(&sim, "sim1", "198.18.2.2/24", 16, 16);
-    let tap = common::FakeTap::default();
-    let mut neigh = None;
-    let mut iface = Interface::open(&sim, &p, stats.clone(), 1, &mut neigh).unwrap();
-    let opens = sim.opens();
-    let mut base = (0, 0);
-    let mut qpn = iface.hw_addr().qpn;
-    for i in 0..10_000u32 {
-        if i == 100 {
-            base = (fds(), rss_kib());
-        }
-        if i % 10 == 0 {
-            iface.announce(Instant::now());
-        }
+    let (sim, opens) = ten_thousand_epochs("10k renewals", |sim, iface, p, stats, epoch, i| {
+        let qpn = iface.hw_addr().qpn;
         let (t, n, kept) = iface.close_keeping(FLUSH_DEADLINE, &common::FakeTap::default());
         t.ledger.unwrap_or_else(|e| panic!("restart {i}: {e}"));
         assert!(t.kept, "restart {i}");
-        neigh = Some(n);
         let ep = kept.expect("the endpoint is kept");
-        iface =
-            Interface::open_on(ep, &p, stats.clone(), (i % 60_000 + 2) as u16, &mut neigh).unwrap();
+        let iface = Interface::open_on(ep, p, stats.clone(), epoch, &mut Some(n)).unwrap();
         assert_ne!(iface.hw_addr().qpn, qpn, "restart {i}: a new QP");
-        qpn = iface.hw_addr().qpn;
-        assert_eq!(sim.live_qps(), 2, "restart {i}");
         assert_eq!(sim.mcast_groups(), 1, "restart {i}");
-        iface.ledger().check().unwrap();
-        iface.poll_rx(&tap, Instant::now()).unwrap();
-    }
-    assert_nothing_grew("10k renewals", base, &stats);
+        iface
+    });
     // Nothing was opened again: every epoch ran on the first endpoint's memory.
     assert_eq!(sim.opens(), opens);
     assert_eq!(sim.endpoint_restarts(), 10_000);
-    drop(iface.close(FLUSH_DEADLINE));
-    drop(peer.close(FLUSH_DEADLINE));
-    assert_eq!(sim.live_qps(), 0);
 }
 
 #[test]

@@ -22,7 +22,6 @@ use uipoib::runtime::config::{
 use uipoib::tap::FrameIo;
 use uipoib::verbs::sim::SimFabric;
 use uipoib::verbs::{EndpointConfig, Gid};
-use uipoib::wire::arp;
 use uipoib::wire::eth::{self, Mac};
 use uipoib::wire::ipv4;
 use uipoib::wire::ipv4::Ipv4Cidr;
@@ -209,17 +208,10 @@ impl Pair {
         };
         let now = Instant::now();
         let (am, bm) = (p.a.mac(), p.b.mac());
-        p.ta.set_template(&frames::eth_arp(
-            Mac::BROADCAST,
-            arp::OP_REQUEST,
-            am,
-            A_IP,
-            Mac::ZERO,
-            B_IP,
-        ));
+        p.ta.set_template(&frames::arp_request(am, A_IP, B_IP));
         p.ta.load(1);
         p.a_to_b(now);
-        p.tb.set_template(&frames::eth_arp(am, arp::OP_REPLY, bm, B_IP, am, A_IP));
+        p.tb.set_template(&frames::arp_reply(bm, B_IP, am, A_IP));
         p.tb.load(1);
         p.b_to_a(now);
         assert!(p.a.neighbours().by_ip(B_IP).is_some(), "A learned B");

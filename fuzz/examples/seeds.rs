@@ -47,12 +47,7 @@ fn main() {
     let b_mac = Mac([2, 0, 198, 18, 0, 2]);
 
     // wire_eth
-    let arp_req = eth_frame(
-        Mac::BROADCAST,
-        a_mac,
-        ETHERTYPE_ARP,
-        &eth_arp(OP_REQUEST, a_mac, A_IP, Mac::ZERO, B_IP),
-    );
+    let arp_req = eth_arp_frame(Mac::BROADCAST, OP_REQUEST, a_mac, A_IP, Mac::ZERO, B_IP);
     let ping = eth_frame(
         b_mac,
         a_mac,
@@ -182,12 +177,7 @@ fn main() {
         let w = TxWorld::new(m);
         let (am, bm) = (w.a_mac(), w.b_mac());
         w.finish();
-        let f1 = eth_frame(
-            Mac::BROADCAST,
-            am,
-            ETHERTYPE_ARP,
-            &eth_arp(OP_REQUEST, am, A_IP, Mac::ZERO, B_IP),
-        );
+        let f1 = eth_arp_frame(Mac::BROADCAST, OP_REQUEST, am, A_IP, Mac::ZERO, B_IP);
         let f2 = eth_frame(bm, am, ETHERTYPE_IPV4, &icmp_echo(A_IP, B_IP, &[1; 64]));
         let f3 = eth_frame(
             Mac([1, 0, 0x5e, 0, 0, 251]),
@@ -195,12 +185,7 @@ fn main() {
             ETHERTYPE_IPV4,
             &udp(A_IP, MCAST, 5353, b"mdns"),
         );
-        let f4 = eth_frame(
-            bm,
-            am,
-            ETHERTYPE_ARP,
-            &eth_arp(OP_REPLY, am, A_IP, bm, B_IP),
-        );
+        let f4 = eth_arp_frame(bm, OP_REPLY, am, A_IP, bm, B_IP);
         let f5 = eth_frame(bm, am, ETHERTYPE_IPV6, &[0x60; 40]);
         write(
             "tx_tap",

@@ -6,6 +6,7 @@
 //! Every check here panics on a broken invariant: a panic is how a fuzz target reports.
 
 pub mod checks;
+#[path = "../../tests/common/frames.rs"]
 pub mod frames;
 pub mod input;
 pub mod tap;

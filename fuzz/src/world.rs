@@ -20,13 +20,14 @@ use uipoib::verbs::{
     AhHandle, Completion, CqKind, Dest, Endpoint, EndpointConfig, Gid, MULTICAST_QPN, Provider,
     SendWr,
 };
-use uipoib::wire::arp::{self, EthArp, IpoibArp};
+use uipoib::wire::arp::{EthArp, IpoibArp};
 use uipoib::wire::eth::{self, Mac, mac_for_gid};
 use uipoib::wire::ipv4::Ipv4Cidr;
 use uipoib::wire::offload::{GSO_ECN, GSO_TCPV4, VNET_HDR_LEN};
 use uipoib::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ipoib};
 
 use crate::checks::check_coalesced;
+use crate::frames::{arp_reply, arp_request};
 use crate::tap::TapDouble;
 
 /// Interface A's address.
@@ -219,27 +220,6 @@ fn close(i: Interface, who: &str) {
     }
 }
 
-/// An Ethernet ARP frame as the kernel writes it to the TAP.
-fn eth_arp(dst: Mac, op: u16, sha: Mac, spa: Ipv4Addr, tha: Mac, tpa: Ipv4Addr) -> Vec<u8> {
-    let mut f = vec![0u8; eth::HEADER_LEN + arp::ETH_ARP_LEN];
-    let h = eth::EthHeader {
-        dst,
-        src: sha,
-        ethertype: ETHERTYPE_ARP,
-    };
-    eth::emit_header(&mut f, &h).expect("room for the header");
-    EthArp {
-        op,
-        sha,
-        spa,
-        tha,
-        tpa,
-    }
-    .emit(&mut f[eth::HEADER_LEN..])
-    .expect("room for the message");
-    f
-}
-
 /// Wrap `frame` as one TAP read: behind an empty `virtio_net_hdr` with offloads.
 fn as_read(tap: &TapDouble, frame: &[u8]) -> Vec<u8> {
     read_for(tap.offload(), frame)
@@ -302,10 +282,10 @@ impl TxWorld {
     /// A asks who has B's address, B replies: each learns the other.
     fn introduce(&mut self) {
         let (am, bm) = (self.a.mac(), self.b.mac());
-        let req = eth_arp(Mac::BROADCAST, arp::OP_REQUEST, am, A_IP, Mac::ZERO, B_IP);
+        let req = arp_request(am, A_IP, B_IP);
         self.ta.inject(&as_read(&self.ta, &req));
         self.turn();
-        let rep = eth_arp(am, arp::OP_REPLY, bm, B_IP, am, A_IP);
+        let rep = arp_reply(bm, B_IP, am, A_IP);
         self.tb.inject(&as_read(&self.tb, &rep));
         let mut g = TxGate::new();
         self.b

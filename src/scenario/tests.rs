@@ -328,19 +328,11 @@ fn run_against_fake(tag: &str, bad_from: usize) -> super::report::Report {
 name = "reads"
 description = "a fault record and an expectation against a fake daemon"
 
-[[step]]
-do = "exec"
-fault = "probe"
-command = ["true"]
-
-[[step]]
-do = "wait"
-ms = 300
-
-[[step]]
-do = "expect"
-within_ms = 300
-state = "running"
+step = [
+    { do = "exec", fault = "probe", command = ["true"] },
+    { do = "wait", ms = 300 },
+    { do = "expect", within_ms = 300, state = "running" },
+]
 "#,
     )
 }
@@ -425,26 +417,15 @@ fn rate_run(tag: &str, after_mbps: u64) -> super::report::Report {
 name = "rate"
 description = "the rate after a fault against the rate before it"
 
+step = [
+    { do = "wait", ms = 3500 },
+    { do = "exec", fault = "probe", command = ["true"] },
+    { do = "wait", ms = 300 },
+    { do = "expect", within_ms = 2500, rate_restored = 0.5 },
+]
+
 [traffic]
 command = ["sleep", "60"]
-
-[[step]]
-do = "wait"
-ms = 3500
-
-[[step]]
-do = "exec"
-fault = "probe"
-command = ["true"]
-
-[[step]]
-do = "wait"
-ms = 300
-
-[[step]]
-do = "expect"
-within_ms = 2500
-rate_restored = 0.5
 "#,
     )
 }
@@ -586,27 +567,16 @@ fn iperf3_lines_of_the_load_give_the_gap_figures_and_iperf3_resumed() {
 name = "iperf3-lines"
 description = "iperf3 interval lines of the load are measured around the fault"
 
+step = [
+    { do = "wait", ms = 1500 },
+    { do = "exec", fault = "probe", command = ["true"] },
+    { do = "expect", within_ms = 1000, iperf3_resumed = true },
+    { do = "wait", ms = 1500 },
+]
+
 [traffic]
 command = "s=0; while :; do e=$((s+25)); printf '[  5]   %d.%02d-%d.%02d   sec   256 KBytes  8.39 Mbits/sec    0   100 KBytes\n' $((s/100)) $((s%100)) $((e/100)) $((e%100)); s=$e; sleep 0.25; done"
 warmup_ms = 2000
-
-[[step]]
-do = "wait"
-ms = 1500
-
-[[step]]
-do = "exec"
-fault = "probe"
-command = ["true"]
-
-[[step]]
-do = "expect"
-within_ms = 1000
-iperf3_resumed = true
-
-[[step]]
-do = "wait"
-ms = 1500
 "#,
     );
     let s = r.iperf3.as_ref().expect("the session's figures");

@@ -32,6 +32,24 @@ pub struct Closed {
     pub restart: Duration,
 }
 
+/// A teardown that reaped, drained and destroyed nothing, took no time and left the
+/// ledger balanced; the endpoint not kept.
+impl Default for Closed {
+    fn default() -> Closed {
+        Closed {
+            reaped: 0,
+            sends_reaped: 0,
+            flushed: 0,
+            drain: Duration::ZERO,
+            destroy: Duration::ZERO,
+            errors: 0,
+            ledger: Ok(()),
+            kept: false,
+            restart: Duration::ZERO,
+        }
+    }
+}
+
 /// An endpoint kept across a restart by [`Closing::finish`] (QP and CQs renewed),
 /// with the broadcast group's address handle, for [`Interface::open_on`].
 pub struct KeptEndpoint {
@@ -166,15 +184,8 @@ impl Closing {
         clock: Option<Clock<'_>>,
     ) -> (Closed, Neighbours, Option<KeptEndpoint>) {
         let mut t = Closed {
-            reaped: 0,
-            sends_reaped: 0,
-            flushed: 0,
-            drain: Duration::ZERO,
-            destroy: Duration::ZERO,
             errors: self.errors,
-            ledger: Ok(()),
-            kept: false,
-            restart: Duration::ZERO,
+            ..Closed::default()
         };
         if self.drainable {
             if let Some(tap) = tap {

@@ -222,8 +222,7 @@ impl Stopwatch<'_> {
     }
 }
 
-/// Where the time of [`Interface::open_timed`] / [`Interface::open_on_timed`] went (all
-/// zero after an untimed open).
+/// Where the time of [`Interface::open_timed`] went (all zero after an untimed open).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OpenTimes {
     /// Opening the endpoint (device context, PD, memory registration, channel, CQs, QP);
@@ -237,6 +236,14 @@ pub struct OpenTimes {
     pub fill: Duration,
     /// Receives posted.
     pub posted: usize,
+}
+
+/// Where [`Interface::open_timed`] gets its endpoint.
+pub enum Origin<'a> {
+    /// A new endpoint from the provider, as [`Interface::open`].
+    Device(&'a dyn Provider),
+    /// The endpoint a teardown kept, as [`Interface::open_on`].
+    Kept(KeptEndpoint),
 }
 
 /// One interface. See the module docs.
@@ -292,33 +299,7 @@ impl Interface {
         epoch: u16,
         neigh: &mut Option<Neighbours>,
     ) -> Result<Interface, OpenError> {
-        Self::open_with(provider, p, stats, epoch, neigh, Stopwatch(None))
-    }
-
-    /// [`Interface::open`], its steps timed on `clock` ([`Interface::open_times`]).
-    pub fn open_timed(
-        provider: &dyn Provider,
-        p: &IfaceConfig,
-        stats: Arc<Stats>,
-        epoch: u16,
-        neigh: &mut Option<Neighbours>,
-        clock: Clock<'_>,
-    ) -> Result<Interface, OpenError> {
-        Self::open_with(provider, p, stats, epoch, neigh, Stopwatch(Some(clock)))
-    }
-
-    fn open_with(
-        provider: &dyn Provider,
-        p: &IfaceConfig,
-        stats: Arc<Stats>,
-        epoch: u16,
-        neigh: &mut Option<Neighbours>,
-        watch: Stopwatch<'_>,
-    ) -> Result<Interface, OpenError> {
-        let start = watch.mark();
-        let ep = provider.open(&p.endpoint)?;
-        let opened = watch.since(start);
-        Self::on_endpoint(ep, None, opened, p, stats, epoch, neigh, watch)
+        Self::open_timed(Origin::Device(provider), p, stats, epoch, neigh, None)
     }
 
     /// Like [`Interface::open`] on an endpoint kept from the previous epoch by a
@@ -333,46 +314,47 @@ impl Interface {
         epoch: u16,
         neigh: &mut Option<Neighbours>,
     ) -> Result<Interface, OpenError> {
-        Self::reopen_with(kept, p, stats, epoch, neigh, Stopwatch(None))
+        Self::open_timed(Origin::Kept(kept), p, stats, epoch, neigh, None)
     }
 
-    /// [`Interface::open_on`], its steps timed on `clock` ([`Interface::open_times`]).
-    pub fn open_on_timed(
-        kept: KeptEndpoint,
+    /// [`Interface::open`] or [`Interface::open_on`], as `origin` says, its steps timed
+    /// on `clock` when given ([`Interface::open_times`]).
+    pub fn open_timed(
+        origin: Origin<'_>,
         p: &IfaceConfig,
         stats: Arc<Stats>,
         epoch: u16,
         neigh: &mut Option<Neighbours>,
-        clock: Clock<'_>,
+        clock: Option<Clock<'_>>,
     ) -> Result<Interface, OpenError> {
-        Self::reopen_with(kept, p, stats, epoch, neigh, Stopwatch(Some(clock)))
-    }
-
-    fn reopen_with(
-        kept: KeptEndpoint,
-        p: &IfaceConfig,
-        stats: Arc<Stats>,
-        epoch: u16,
-        neigh: &mut Option<Neighbours>,
-        watch: Stopwatch<'_>,
-    ) -> Result<Interface, OpenError> {
-        let st = stats.clone();
-        let r = Self::on_endpoint(
-            kept.ep,
-            Some(kept.group_ah),
-            Duration::ZERO,
-            p,
-            stats,
-            epoch,
-            neigh,
-            watch,
-        );
-        if r.is_err() {
-            // The endpoint was closed with its AHs; the neighbours still name theirs
-            // unless the table went with a failed epoch.
-            forget_ahs(neigh.as_mut(), &st);
+        let watch = Stopwatch(clock);
+        match origin {
+            Origin::Device(provider) => {
+                let start = watch.mark();
+                let ep = provider.open(&p.endpoint)?;
+                let opened = watch.since(start);
+                Self::on_endpoint(ep, None, opened, p, stats, epoch, neigh, watch)
+            }
+            Origin::Kept(kept) => {
+                let st = stats.clone();
+                let r = Self::on_endpoint(
+                    kept.ep,
+                    Some(kept.group_ah),
+                    Duration::ZERO,
+                    p,
+                    stats,
+                    epoch,
+                    neigh,
+                    watch,
+                );
+                if r.is_err() {
+                    // The endpoint was closed with its AHs; the neighbours still name
+                    // theirs unless the table went with a failed epoch.
+                    forget_ahs(neigh.as_mut(), &st);
+                }
+                r
+            }
         }
-        r
     }
 
     /// Where the time of this epoch's open went.

@@ -34,15 +34,8 @@ fn close(a: f64, b: f64) -> bool {
 
 fn torn(kept: bool) -> Closed {
     Closed {
-        reaped: 0,
-        sends_reaped: 0,
-        flushed: 0,
-        drain: Duration::ZERO,
-        destroy: Duration::ZERO,
-        errors: 0,
-        ledger: Ok(()),
         kept,
-        restart: Duration::ZERO,
+        ..Closed::default()
     }
 }
 
@@ -75,6 +68,35 @@ fn poll_failed() -> Failure {
     })
 }
 
+fn reopen(epoch: u16, on_kept: bool) -> Action {
+    Action::Open { epoch, on_kept }
+}
+
+fn attempt_failed(attempts: u32, what: Attempt, log: bool) -> Action {
+    Action::AttemptFailed {
+        attempts,
+        what,
+        log,
+    }
+}
+
+fn close_act(drain: bool, keep: bool) -> Action {
+    Action::Close { drain, keep }
+}
+
+/// What a failure handed over asks for: carrier off, restarting, the close.
+fn handed_over(drain: bool, keep: bool) -> Vec<Action> {
+    vec![
+        Action::CarrierOff,
+        Action::Status(State::Restarting),
+        close_act(drain, keep),
+    ]
+}
+
+fn open_failed(on_kept: bool, no_device: bool) -> Event {
+    Event::OpenFailed { on_kept, no_device }
+}
+
 fn recorded(acts: &[Action]) -> RestartRecord {
     match acts {
         [Action::Recovered(r)] => r.clone(),
@@ -87,23 +109,10 @@ fn recorded(acts: &[Action]) -> RestartRecord {
 fn quick_restart(m: &mut Recovery, c: &Clock, at: u64, cause: Failure) -> RestartRecord {
     let epoch = m.epoch();
     let acts = m.handle(failed(cause, false, c.t(at)), c.t(at), 0);
-    assert_eq!(
-        acts,
-        vec![
-            Action::CarrierOff,
-            Action::Status(State::Restarting),
-            Action::Close {
-                drain: true,
-                keep: true
-            }
-        ]
-    );
+    assert_eq!(acts, handed_over(true, true));
     assert_eq!(
         m.handle(Event::Closed(torn(true)), c.t(at), 0),
-        vec![Action::Open {
-            epoch: epoch + 1,
-            on_kept: true
-        }]
+        vec![reopen(epoch + 1, true)]
     );
     assert_eq!(
         m.handle(opened(true), c.t(at), 0),
@@ -148,17 +157,7 @@ fn a_restart_keeps_the_endpoint_and_records_where_its_time_went() {
     };
     // Detected at 5000 ms, handed over at 5002.
     let acts = m.handle(failed(stall, false, c.t(5000)), c.t(5002), 77);
-    assert_eq!(
-        acts,
-        vec![
-            Action::CarrierOff,
-            Action::Status(State::Restarting),
-            Action::Close {
-                drain: true,
-                keep: true
-            }
-        ]
-    );
+    assert_eq!(acts, handed_over(true, true));
     let t = Closed {
         reaped: 5,
         sends_reaped: 2,
@@ -170,10 +169,7 @@ fn a_restart_keeps_the_endpoint_and_records_where_its_time_went() {
     };
     assert_eq!(
         m.handle(Event::Closed(t), c.t(5010), 0),
-        vec![Action::Open {
-            epoch: 2,
-            on_kept: true
-        }]
+        vec![reopen(2, true)]
     );
     let times = OpenTimes {
         ah: Duration::from_millis(1),
@@ -247,39 +243,19 @@ fn a_failed_poll_is_never_drained_and_its_qp_destroyed_first() {
     for untrusted in [true, false] {
         let mut m = Recovery::new(policy(), 1, c.t(0));
         let acts = m.handle(failed(poll_failed(), untrusted, c.t(100)), c.t(100), 0);
-        assert_eq!(
-            acts,
-            vec![
-                Action::CarrierOff,
-                Action::Status(State::Restarting),
-                Action::Close {
-                    drain: false,
-                    keep: true
-                }
-            ],
-            "untrusted: {untrusted}"
-        );
+        assert_eq!(acts, handed_over(false, true), "untrusted: {untrusted}");
     }
     // Another cause on an interface that says it may not be polled: no drain either.
     let mut m = Recovery::new(policy(), 1, c.t(0));
     let cause = Failure::Verbs(VerbsError::NoDevice("x".into()));
     let acts = m.handle(failed(cause, true, c.t(100)), c.t(100), 0);
-    assert_eq!(
-        acts.last(),
-        Some(&Action::Close {
-            drain: false,
-            keep: true
-        })
-    );
+    assert_eq!(acts.last(), Some(&close_act(false, true)));
     // Nor is the failed epoch drained on the way to the next: the machine goes straight
     // from the teardown to the open, and a start failure of the new epoch drains only
     // that epoch.
     assert_eq!(
         m.handle(Event::Closed(torn(true)), c.t(105), 0),
-        vec![Action::Open {
-            epoch: 2,
-            on_kept: true
-        }]
+        vec![reopen(2, true)]
     );
 }
 
@@ -290,21 +266,11 @@ fn failed_opens_back_off_doubling_and_a_healthy_period_resets_the_backoff() {
     let _ = m.handle(failed(Failure::Operator, false, c.t(100)), c.t(100), 0);
     assert_eq!(
         m.handle(Event::Closed(torn(false)), c.t(100), 0),
-        vec![Action::Open {
-            epoch: 2,
-            on_kept: false
-        }]
+        vec![reopen(2, false)]
     );
     let mut now = 100;
     for (n, delay) in [(1u32, 10u64), (2, 20), (3, 40), (4, 50), (5, 50)] {
-        let acts = m.handle(
-            Event::OpenFailed {
-                on_kept: false,
-                no_device: false,
-            },
-            c.t(now),
-            0,
-        );
+        let acts = m.handle(open_failed(false, false), c.t(now), 0);
         assert_eq!(
             acts,
             vec![
@@ -324,13 +290,7 @@ fn failed_opens_back_off_doubling_and_a_healthy_period_resets_the_backoff() {
             vec![Action::WaitUntil(c.t(now + delay))]
         );
         now += delay;
-        assert_eq!(
-            m.handle(Event::Tick, c.t(now), 0),
-            vec![Action::Open {
-                epoch: 2,
-                on_kept: false
-            }]
-        );
+        assert_eq!(m.handle(Event::Tick, c.t(now), 0), vec![reopen(2, false)]);
     }
     assert_eq!(
         m.handle(opened(false), c.t(now), 0),
@@ -350,10 +310,7 @@ fn failed_opens_back_off_doubling_and_a_healthy_period_resets_the_backoff() {
     // An operator restart cuts the wait short.
     assert_eq!(
         m.handle(Event::Operator, c.t(again + 5), 0),
-        vec![Action::Open {
-            epoch: 3,
-            on_kept: true
-        }]
+        vec![reopen(3, true)]
     );
     assert_eq!(
         m.handle(opened(true), c.t(again + 5), 0),
@@ -400,13 +357,7 @@ fn the_breaker_declares_the_interface_dead_until_an_operator_restart() {
     // from scratch (the kept endpoint was closed).
     assert_eq!(
         m.handle(Event::Operator, c.t(at + 2000), 99),
-        vec![
-            Action::Revive(Revival::Operator),
-            Action::Open {
-                epoch: 5,
-                on_kept: false
-            }
-        ]
+        vec![Action::Revive(Revival::Operator), reopen(5, false)]
     );
     assert_eq!(
         m.handle(opened(false), c.t(at + 2003), 0),
@@ -437,63 +388,25 @@ fn a_lost_device_is_closed_at_once_waited_for_and_reopened() {
     let removed = Failure::AsyncFatal(AsyncEvent::DeviceRemoved);
     assert_eq!(
         m.handle(failed(removed, false, c.t(2000)), c.t(2000), 0),
-        vec![
-            Action::CarrierOff,
-            Action::Status(State::Restarting),
-            Action::Close {
-                drain: false,
-                keep: false
-            }
-        ]
+        handed_over(false, false)
     );
     assert_eq!(
         m.handle(Event::Closed(torn(false)), c.t(2001), 0),
-        vec![Action::Open {
-            epoch: 2,
-            on_kept: false
-        }]
+        vec![reopen(2, false)]
     );
-    let gone = Event::OpenFailed {
-        on_kept: false,
-        no_device: true,
-    };
-    assert_eq!(
-        m.handle(gone, c.t(2002), 0),
-        vec![
-            Action::Status(State::WaitingForDevice),
-            Action::AttemptFailed {
-                attempts: 1,
-                what: Attempt::Open,
-                log: true
-            },
-            Action::WaitUntil(c.t(2012))
-        ]
-    );
-    assert_eq!(
-        m.handle(Event::Tick, c.t(2012), 0),
-        vec![Action::Open {
-            epoch: 2,
-            on_kept: false
-        }]
-    );
-    let gone = Event::OpenFailed {
-        on_kept: false,
-        no_device: true,
-    };
-    assert_eq!(
-        m.handle(gone, c.t(2013), 0),
-        vec![
-            Action::Status(State::WaitingForDevice),
-            Action::AttemptFailed {
-                attempts: 2,
-                what: Attempt::Open,
-                log: false
-            },
-            Action::WaitUntil(c.t(2033))
-        ]
-    );
+    // Two opens find no device: backed off 10 ms, then 20 ms; only the first is logged.
+    for (attempts, at, until, log) in [(1, 2002, 2012, true), (2, 2013, 2033, false)] {
+        assert_eq!(
+            m.handle(open_failed(false, true), c.t(at), 0),
+            vec![
+                Action::Status(State::WaitingForDevice),
+                attempt_failed(attempts, Attempt::Open, log),
+                Action::WaitUntil(c.t(until))
+            ]
+        );
+        assert_eq!(m.handle(Event::Tick, c.t(until), 0), vec![reopen(2, false)]);
+    }
     // The device is back.
-    let _ = m.handle(Event::Tick, c.t(2033), 0);
     assert_eq!(
         m.handle(opened(false), c.t(2040), 0),
         vec![Action::StartPoller { epoch: 2 }]
@@ -514,13 +427,7 @@ fn a_device_fatal_loop_is_held_by_the_breaker_until_the_device_went_and_came_bac
     for epoch in 2..=4u16 {
         now += 1100;
         let acts = m.handle(failed(fatal(), false, c.t(now)), c.t(now), 0);
-        assert_eq!(
-            acts.last(),
-            Some(&Action::Close {
-                drain: false,
-                keep: false
-            })
-        );
+        assert_eq!(acts.last(), Some(&close_act(false, false)));
         assert_eq!(
             m.handle(Event::Closed(torn(false)), c.t(now), 0),
             vec![Action::Open {
@@ -545,13 +452,7 @@ fn a_device_fatal_loop_is_held_by_the_breaker_until_the_device_went_and_came_bac
         vec![Action::WaitUntil(c.t(now + 50))]
     );
     now += 50;
-    assert_eq!(
-        m.handle(Event::Tick, c.t(now), 0),
-        vec![Action::Open {
-            epoch: 5,
-            on_kept: false
-        }]
-    );
+    assert_eq!(m.handle(Event::Tick, c.t(now), 0), vec![reopen(5, false)]);
     assert_eq!(
         m.handle(opened(false), c.t(now + 2), 0),
         vec![Action::CloseProbe, Action::WaitUntil(c.t(now + 52))]
@@ -560,10 +461,7 @@ fn a_device_fatal_loop_is_held_by_the_breaker_until_the_device_went_and_came_bac
     // A probe failing for another reason than a missing device is not "gone".
     now += 52;
     let _ = m.handle(Event::Tick, c.t(now), 0);
-    let other = Event::OpenFailed {
-        on_kept: false,
-        no_device: false,
-    };
+    let other = open_failed(false, false);
     assert_eq!(
         m.handle(other, c.t(now), 0),
         vec![Action::WaitUntil(c.t(now + 50))]
@@ -577,10 +475,7 @@ fn a_device_fatal_loop_is_held_by_the_breaker_until_the_device_went_and_came_bac
     // Now it goes...
     now += 50;
     let _ = m.handle(Event::Tick, c.t(now), 0);
-    let gone = Event::OpenFailed {
-        on_kept: false,
-        no_device: true,
-    };
+    let gone = open_failed(false, true);
     assert_eq!(
         m.handle(gone, c.t(now), 0),
         vec![Action::WaitUntil(c.t(now + 50))]
@@ -589,13 +484,7 @@ fn a_device_fatal_loop_is_held_by_the_breaker_until_the_device_went_and_came_bac
     // ... and comes back: revived without an operator.
     now += 50;
     let probe_at = now;
-    assert_eq!(
-        m.handle(Event::Tick, c.t(now), 5),
-        vec![Action::Open {
-            epoch: 5,
-            on_kept: false
-        }]
-    );
+    assert_eq!(m.handle(Event::Tick, c.t(now), 5), vec![reopen(5, false)]);
     assert_eq!(
         m.handle(opened(false), c.t(now + 3), 0),
         vec![
@@ -632,15 +521,8 @@ fn a_poller_that_cannot_start_is_a_failed_attempt() {
         m.handle(Event::PollerStartFailed, c.t(3003), 0),
         vec![
             Action::Status(State::Restarting),
-            Action::AttemptFailed {
-                attempts: 1,
-                what: Attempt::Start,
-                log: true
-            },
-            Action::Close {
-                drain: true,
-                keep: true
-            }
+            attempt_failed(1, Attempt::Start, true),
+            close_act(true, true)
         ]
     );
     let t = Closed {
@@ -653,13 +535,7 @@ fn a_poller_that_cannot_start_is_a_failed_attempt() {
         m.handle(Event::Closed(t), c.t(3005), 0),
         vec![Action::WaitUntil(c.t(3015))]
     );
-    assert_eq!(
-        m.handle(Event::Tick, c.t(3015), 0),
-        vec![Action::Open {
-            epoch: 2,
-            on_kept: true
-        }]
-    );
+    assert_eq!(m.handle(Event::Tick, c.t(3015), 0), vec![reopen(2, true)]);
     let _ = m.handle(opened(true), c.t(3016), 0);
     let r = recorded(&m.handle(started(), c.t(3017), 0));
     assert_eq!((r.epoch, r.failed_attempts, r.wr_reaped), (2, 1, 7));
@@ -676,17 +552,8 @@ fn a_kept_endpoint_that_cannot_be_reopened_makes_the_same_attempt_open_the_devic
     let mut m = Recovery::new(policy(), 1, c.t(0));
     let _ = m.handle(failed(Failure::Operator, false, c.t(2000)), c.t(2000), 0);
     let _ = m.handle(Event::Closed(torn(true)), c.t(2000), 0);
-    let bad_kept = Event::OpenFailed {
-        on_kept: true,
-        no_device: false,
-    };
-    assert_eq!(
-        m.handle(bad_kept, c.t(2001), 0),
-        vec![Action::Open {
-            epoch: 2,
-            on_kept: false
-        }]
-    );
+    let bad_kept = open_failed(true, false);
+    assert_eq!(m.handle(bad_kept, c.t(2001), 0), vec![reopen(2, false)]);
     let _ = m.handle(opened(false), c.t(2002), 0);
     let r = recorded(&m.handle(started(), c.t(2003), 0));
     assert_eq!((r.failed_attempts, r.kept_device), (0, false));
@@ -711,10 +578,7 @@ fn a_poller_panic_loses_the_epoch_and_opens_the_next_from_scratch() {
     };
     assert_eq!(
         m.handle(Event::Closed(lost), c.t(2001), 0),
-        vec![Action::Open {
-            epoch: 2,
-            on_kept: false
-        }]
+        vec![reopen(2, false)]
     );
     let _ = m.handle(opened(false), c.t(2002), 0);
     let r = recorded(&m.handle(started(), c.t(2003), 0));

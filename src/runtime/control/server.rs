@@ -264,6 +264,22 @@ impl ControlServer {
         })
     }
 
+    /// [`ControlServer::start`] with fresh counters, a default status and no supervisor
+    /// to order: a socket that answers for no interface (what a test of the socket or of
+    /// the client serves).
+    pub fn start_bare(
+        path: &Path,
+        faults: Option<Arc<FaultSwitch>>,
+    ) -> Result<ControlServer, ControlError> {
+        Self::start(
+            path,
+            Arc::new(Stats::default()),
+            Arc::new(Mutex::new(Status::default())),
+            None,
+            faults,
+        )
+    }
+
     /// Connections refused because the peer's uid was neither 0 nor this process's.
     pub fn peers_refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)

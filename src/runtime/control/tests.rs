@@ -26,16 +26,6 @@ fn tmp_sock(tag: &str) -> PathBuf {
     tmp_dir(tag).join("c.sock")
 }
 
-fn bare(path: &Path, faults: Option<Arc<FaultSwitch>>) -> Result<ControlServer, ControlError> {
-    ControlServer::start(
-        path,
-        Arc::new(Stats::default()),
-        Arc::new(Mutex::new(Status::default())),
-        None,
-        faults,
-    )
-}
-
 fn mode(path: &Path) -> u32 {
     std::fs::symlink_metadata(path)
         .unwrap()
@@ -76,7 +66,7 @@ fn a_file_or_symlink_at_the_socket_path_is_left_alone() {
         (&dangling, "a symbolic link"),
         (&subdir, "a directory"),
     ] {
-        match bare(path, None) {
+        match ControlServer::start_bare(path, None) {
             Err(e @ ControlError::NotASocket { .. }) => {
                 let m = e.to_string();
                 assert!(m.contains(&path.display().to_string()), "{m}");
@@ -104,7 +94,7 @@ fn a_file_or_symlink_at_the_socket_path_is_left_alone() {
 
     // At the end a server removes its own socket only, not what took its place.
     let path = dir.join("c.sock");
-    let srv = bare(&path, None).unwrap();
+    let srv = ControlServer::start_bare(&path, None).unwrap();
     std::fs::remove_file(&path).unwrap();
     std::fs::write(&path, b"not the socket").unwrap();
     drop(srv);
@@ -120,7 +110,7 @@ fn a_directory_others_can_write_or_own_is_refused() {
         std::fs::create_dir(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(m)).unwrap();
         let path = dir.join("c.sock");
-        match bare(&path, None) {
+        match ControlServer::start_bare(&path, None) {
             Err(e @ ControlError::UnsafeDir { .. }) => {
                 let msg = e.to_string();
                 assert!(msg.contains(&dir.display().to_string()), "{msg}");
@@ -136,7 +126,7 @@ fn a_directory_others_can_write_or_own_is_refused() {
         let dir = base.join(format!("ok{m:o}"));
         std::fs::create_dir(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(m)).unwrap();
-        let srv = bare(&dir.join("c.sock"), None).unwrap();
+        let srv = ControlServer::start_bare(&dir.join("c.sock"), None).unwrap();
         drop(srv);
     }
     // Owned by another user (needs root to make one).
@@ -144,7 +134,7 @@ fn a_directory_others_can_write_or_own_is_refused() {
     std::fs::create_dir(&foreign).unwrap();
     std::fs::set_permissions(&foreign, std::fs::Permissions::from_mode(0o700)).unwrap();
     match std::os::unix::fs::chown(&foreign, Some(65534), Some(65534)) {
-        Ok(()) => match bare(&foreign.join("c.sock"), None) {
+        Ok(()) => match ControlServer::start_bare(&foreign.join("c.sock"), None) {
             Err(e @ ControlError::UnsafeDir { .. }) => {
                 let msg = e.to_string();
                 assert!(msg.contains("owned by uid 65534"), "{msg}");
@@ -167,7 +157,7 @@ fn modes_are_0700_and_0600_under_any_umask() {
         let dir = base.join(format!("run{mask:o}")).join("uipoib");
         let path = dir.join("c.sock");
         let old = sys::set_umask(mask);
-        let srv = bare(&path, None);
+        let srv = ControlServer::start_bare(&path, None);
         sys::set_umask(old);
         let srv = srv.unwrap();
         assert_eq!(mode(&dir), 0o700, "umask {mask:03o}: directory");
@@ -181,7 +171,7 @@ fn modes_are_0700_and_0600_under_any_umask() {
 #[test]
 fn a_half_sent_line_does_not_hold_up_another_client() {
     let path = tmp_sock("half");
-    let _srv = bare(&path, None).unwrap();
+    let _srv = ControlServer::start_bare(&path, None).unwrap();
     let mut slow = UnixStream::connect(&path).unwrap();
     slow.write_all(b"{\"cmd\": ").unwrap();
     std::thread::sleep(Duration::from_millis(100));
@@ -213,7 +203,7 @@ fn a_half_sent_line_does_not_hold_up_another_client() {
 #[test]
 fn an_over_long_line_gets_the_limit_error() {
     let path = tmp_sock("long");
-    let _srv = bare(&path, None).unwrap();
+    let _srv = ControlServer::start_bare(&path, None).unwrap();
     let mut s = UnixStream::connect(&path).unwrap();
     // Far more than the limit, never a newline: the server stops reading at the limit.
     let junk = vec![b'a'; 4 * MAX_REQUEST];
@@ -242,7 +232,7 @@ fn an_over_long_line_gets_the_limit_error() {
 #[test]
 fn a_silent_client_is_closed_after_the_timeout() {
     let path = tmp_sock("silent");
-    let _srv = bare(&path, None).unwrap();
+    let _srv = ControlServer::start_bare(&path, None).unwrap();
     let s = UnixStream::connect(&path).unwrap();
     let t = Instant::now();
     let v = read_reply(&s, CLIENT_TIMEOUT * 3).expect("a timeout reply");
@@ -261,7 +251,7 @@ fn only_root_and_the_daemons_own_uid_are_served() {
     assert!(!peer_allowed(1001, 1000));
     // This process's own uid (root or not) is accepted for real.
     let path = tmp_sock("cred");
-    let srv = bare(&path, None).unwrap();
+    let srv = ControlServer::start_bare(&path, None).unwrap();
     request(&path, "ping").unwrap();
     assert_eq!(srv.peers_refused(), 0);
     assert_eq!(
@@ -273,7 +263,7 @@ fn only_root_and_the_daemons_own_uid_are_served() {
 #[test]
 fn fault_commands_need_the_switch_and_status_says_so() {
     let path = tmp_sock("nofaults");
-    let srv = bare(&path, None).unwrap();
+    let srv = ControlServer::start_bare(&path, None).unwrap();
     let v = request(&path, "status").unwrap();
     assert_eq!(v["status"]["allow_faults"], false, "{v}");
     for req in [
@@ -288,7 +278,7 @@ fn fault_commands_need_the_switch_and_status_says_so() {
     }
     drop(srv);
     let switch = Arc::new(FaultSwitch::default());
-    let _srv = bare(&path, Some(switch.clone())).unwrap();
+    let _srv = ControlServer::start_bare(&path, Some(switch.clone())).unwrap();
     let v = request(&path, "status").unwrap();
     assert_eq!(v["status"]["allow_faults"], true, "{v}");
     request_json(&path, &json!({"cmd": "inject", "fault": "poll-error"})).unwrap();
@@ -431,14 +421,7 @@ fn stale_socket_is_replaced() {
         let _l = UnixListener::bind(&path).unwrap();
     } // listener gone, file stays: stale
     assert!(path.exists());
-    let srv = ControlServer::start(
-        &path,
-        Arc::new(Stats::default()),
-        Arc::new(Mutex::new(Status::default())),
-        None,
-        None,
-    )
-    .unwrap();
+    let srv = ControlServer::start_bare(&path, None).unwrap();
     request(&path, "ping").unwrap();
     assert!(matches!(
         request(&path, "restart"),

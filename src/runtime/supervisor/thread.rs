@@ -14,7 +14,7 @@ use super::{CLOSE_GRACE_CAP, Ended, HISTORY_LEN, Order, Supervised};
 use crate::iface::neigh::Neighbours;
 use crate::iface::recovery::{Action, Attempt, Event, Recovery, RestartRecord, Revival, ms};
 use crate::iface::stats;
-use crate::iface::{Closed, FLUSH_DEADLINE, Failure, Interface, KeptEndpoint, OpenError};
+use crate::iface::{Closed, FLUSH_DEADLINE, Failure, Interface, KeptEndpoint, OpenError, Origin};
 use crate::runtime::poller::{Exit, Poller, SpawnFailed};
 use crate::tap::FrameIo;
 use crate::verbs::VerbsError;
@@ -283,15 +283,8 @@ impl SupervisorThread {
         self.kept = None;
         self.reaper = None;
         let t = Closed {
-            reaped: 0,
-            sends_reaped: 0,
-            flushed: 0,
-            drain: Duration::ZERO,
-            destroy: Duration::ZERO,
-            errors: 0,
             ledger: Err(self.lost_ledger()),
-            kept: false,
-            restart: Duration::ZERO,
+            ..Closed::default()
         };
         self.torn_down(&t);
         t
@@ -340,7 +333,7 @@ impl SupervisorThread {
     fn open(&mut self, epoch: u16, on_kept: bool) -> Event {
         let clock = &Instant::now;
         let s = &self.s;
-        let opened = if on_kept {
+        let origin = if on_kept {
             let Some(kept) = self.kept.take() else {
                 // Nothing kept after all: the same attempt opens the device.
                 return Event::OpenFailed {
@@ -348,24 +341,18 @@ impl SupervisorThread {
                     no_device: false,
                 };
             };
-            Interface::open_on_timed(
-                kept,
-                &s.params,
-                s.stats.clone(),
-                epoch,
-                &mut self.neigh,
-                clock,
-            )
+            Origin::Kept(kept)
         } else {
-            Interface::open_timed(
-                s.provider.as_ref(),
-                &s.params,
-                s.stats.clone(),
-                epoch,
-                &mut self.neigh,
-                clock,
-            )
+            Origin::Device(s.provider.as_ref())
         };
+        let opened = Interface::open_timed(
+            origin,
+            &s.params,
+            s.stats.clone(),
+            epoch,
+            &mut self.neigh,
+            Some(clock),
+        );
         match opened {
             Ok(iface) => {
                 let times = iface.open_times();

@@ -1,12 +1,11 @@
 //! Tests of the decorator, over the simulated fabric.
 
-use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use super::*;
 use crate::verbs::fault::CqSel;
 use crate::verbs::sim::SimFabric;
-use crate::verbs::sim::tests::{unwatch_with, watch_with};
+use crate::verbs::sim::tests::{cfg_qkey, fabric, unwatch_with, watch_with};
 use crate::verbs::{
     AhHandle, Completion, CqKind, Dest, Endpoint, EndpointConfig, GRH_LEN, PostSendError, SendWr,
     VerbsError, WcStatus,
@@ -25,23 +24,11 @@ struct Rig {
 }
 
 fn cfg(device: &str) -> EndpointConfig {
-    EndpointConfig {
-        device: device.into(),
-        port: 1,
-        gid_index: None,
-        qkey: QKEY,
-        recv_slots: 16,
-        send_slots: 16,
-        max_payload: None,
-    }
+    cfg_qkey(device, QKEY)
 }
 
 fn rig() -> Rig {
-    let sim = Arc::new(SimFabric::new());
-    sim.add_device("a", Ipv4Addr::new(10, 0, 0, 1), 4096)
-        .unwrap();
-    sim.add_device("b", Ipv4Addr::new(10, 0, 0, 2), 4096)
-        .unwrap();
+    let sim = Arc::new(fabric());
     let faulty = FaultyProvider::new(sim.clone());
     let switch = faulty.switch();
     let mut a = faulty.open(&cfg("a")).unwrap();

@@ -19,7 +19,7 @@ const A_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const B_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 
 /// Two devices, `a` (10.0.0.1) and `b` (10.0.0.2), both with a 4096-byte MTU.
-fn fabric() -> SimFabric {
+pub(crate) fn fabric() -> SimFabric {
     let f = SimFabric::new();
     f.add_device("a", A_IP, 4096).unwrap();
     f.add_device("b", B_IP, 4096).unwrap();
@@ -27,11 +27,16 @@ fn fabric() -> SimFabric {
 }
 
 fn cfg(device: &str) -> EndpointConfig {
+    cfg_qkey(device, QKEY)
+}
+
+/// An endpoint on port 1 of `device`, the provider's GID, 16-slot rings, Q_Key `qkey`.
+pub(crate) fn cfg_qkey(device: &str, qkey: u32) -> EndpointConfig {
     EndpointConfig {
         device: device.into(),
         port: 1,
         gid_index: None,
-        qkey: QKEY,
+        qkey,
         recv_slots: 16,
         send_slots: 16,
         max_payload: None,
