@@ -125,7 +125,7 @@ fn a_shutdown_ends_within_its_bound_when_the_poller_hangs() {
     std::thread::sleep(Duration::from_millis(100));
     let sup = a.sup.take().unwrap();
     let start = Instant::now();
-    sup.begin_shutdown();
+    sup.begin_close();
     let ended = sup.finish_close(start + Duration::from_millis(300));
     let took = start.elapsed();
     assert!(ended.is_none(), "a hung poller cannot have stopped");

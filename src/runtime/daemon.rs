@@ -139,7 +139,7 @@ pub fn run(
 /// that says so (exit code 1).
 fn stop_all(running: Vec<Running>, bound: std::time::Duration) -> Outcome {
     for r in &running {
-        r.supervisor.begin_shutdown();
+        r.supervisor.begin_close();
     }
     let deadline = std::time::Instant::now() + bound;
     let mut outcome = Outcome {

@@ -192,7 +192,7 @@ enum After {
 #[derive(Debug, Clone)]
 enum Stage {
     Running,
-    TearingDown(After),
+    Closing(After),
     Backoff {
         until: Instant,
     },
@@ -289,9 +289,7 @@ impl Recovery {
                     detected,
                 },
             ) => self.failed(&cause, untrusted, detected, now, wall_ms, &mut acts),
-            (Stage::TearingDown(after), Event::Closed(t)) => {
-                self.torn_down(after, &t, now, &mut acts)
-            }
+            (Stage::Closing(after), Event::Closed(t)) => self.closed(after, &t, now, &mut acts),
             (Stage::Backoff { until }, Event::Tick) if now < until => {
                 acts.push(Action::WaitUntil(until))
             }
@@ -382,7 +380,7 @@ impl Recovery {
                     what: Attempt::Start,
                     log: true,
                 });
-                self.stage = Stage::TearingDown(After::StartFailure);
+                self.stage = Stage::Closing(After::StartFailure);
                 acts.push(Action::Close {
                     drain: true,
                     keep: true,
@@ -476,7 +474,7 @@ impl Recovery {
             },
             ..RestartRecord::default()
         };
-        self.stage = Stage::TearingDown(After::Failure {
+        self.stage = Stage::Closing(After::Failure {
             device_lost,
             cause: cause.to_string(),
         });
@@ -502,7 +500,7 @@ impl Recovery {
         }
     }
 
-    fn torn_down(&mut self, after: After, t: &Closed, now: Instant, acts: &mut Vec<Action>) {
+    fn closed(&mut self, after: After, t: &Closed, now: Instant, acts: &mut Vec<Action>) {
         self.kept = t.kept;
         let r = &mut self.record;
         match after {

@@ -66,8 +66,8 @@ pub const CLOSE_BOUND: Duration = CLOSE_EPOCH_BOUND.saturating_add(CLOSE_GRACE_C
 pub enum Order {
     /// Restart the interface now (also revives a dead one).
     Restart,
-    /// Tear down and end.
-    Shutdown,
+    /// Close the interface and end.
+    Close,
 }
 
 /// What `uipoib status` shows.
@@ -175,13 +175,13 @@ impl Supervisor {
     /// Tear down and wait for the end, at most [`CLOSE_BOUND`]; `None` if it did not
     /// end by then (see [`Supervisor::finish_close`]).
     pub fn close(self) -> Option<Ended> {
-        self.begin_shutdown();
+        self.begin_close();
         self.finish_close(Instant::now() + CLOSE_BOUND)
     }
 
     /// Ask for the teardown without waiting (several interfaces then stop together).
-    pub fn begin_shutdown(&self) {
-        let _ = self.orders.send(Order::Shutdown);
+    pub fn begin_close(&self) {
+        let _ = self.orders.send(Order::Close);
     }
 
     /// Wait for the end until `deadline`. `None` if the supervisor had not ended by then

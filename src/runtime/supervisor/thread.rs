@@ -92,7 +92,7 @@ impl SupervisorThread {
                 }
             }
         }
-        let mut shutting_down = false;
+        let mut closing = false;
         loop {
             let Some(p) = self.poller.take() else {
                 tracing::error!(iface = %self.s.name, "no poller after a restart");
@@ -106,8 +106,8 @@ impl SupervisorThread {
                             // The machine asks the poller to hand over.
                             let _ = self.drive(Event::Operator);
                         }
-                        Ok(Order::Shutdown) | Err(_) => {
-                            shutting_down = true;
+                        Ok(Order::Close) | Err(_) => {
+                            closing = true;
                             self.set_state("stopping");
                             if let Some(p) = &self.poller {
                                 p.stop();
@@ -125,7 +125,7 @@ impl SupervisorThread {
             let (iface, cause, at) = match exit {
                 Exit::Stopped { iface, .. } => {
                     p.join();
-                    self.final_teardown(*iface);
+                    self.final_close(*iface);
                     return self.ended();
                 }
                 Exit::Failed {
@@ -133,10 +133,10 @@ impl SupervisorThread {
                 } => (Some(*iface), cause, at),
                 Exit::Panicked { message, at, .. } => (None, Failure::PollerPanicked(message), at),
             };
-            if shutting_down {
+            if closing {
                 p.join();
                 match iface {
-                    Some(iface) => self.final_teardown(iface),
+                    Some(iface) => self.final_close(iface),
                     None => self.last_ledger = Err(self.lost_ledger()),
                 }
                 return self.ended();
@@ -196,7 +196,7 @@ impl SupervisorThread {
                 None
             }
             Action::ForgetLost => Some(Event::Closed(self.forget_lost())),
-            Action::Close { drain, keep } => self.close_timed(drain, keep),
+            Action::Close { drain, keep } => self.close_epoch(drain, keep),
             Action::CloseKept => {
                 if let Some(k) = self.kept.take() {
                     k.close(self.neigh.as_mut(), &self.s.stats);
@@ -217,7 +217,7 @@ impl SupervisorThread {
             Action::StartPoller { epoch } => Some(self.start(epoch)),
             Action::WaitUntil(t) => Some(match self.orders.recv_deadline(t) {
                 Ok(Order::Restart) => Event::Operator,
-                Ok(Order::Shutdown) => return Err(Stop),
+                Ok(Order::Close) => return Err(Stop),
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => Event::Tick,
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Err(Stop),
             }),
@@ -286,13 +286,13 @@ impl SupervisorThread {
             ledger: Err(self.lost_ledger()),
             ..Closed::default()
         };
-        self.torn_down(&t);
+        self.closed(&t);
         t
     }
 
     /// Tear down the interface in hand: drained (on the wall clock, at most
     /// [`FLUSH_DEADLINE`]) or not; its endpoint kept (QP and CQs renewed) or closed.
-    fn close_timed(&mut self, drain: bool, keep: bool) -> Option<Event> {
+    fn close_epoch(&mut self, drain: bool, keep: bool) -> Option<Event> {
         let iface = self.iface.take()?;
         let deadline = if drain {
             FLUSH_DEADLINE
@@ -304,12 +304,12 @@ impl SupervisorThread {
         let (t, neigh, kept) = close_timed(iface, deadline, tap, keep);
         self.neigh = Some(neigh);
         self.kept = kept;
-        self.torn_down(&t);
+        self.closed(&t);
         Some(Event::Closed(t))
     }
 
     /// What every teardown of a restart says, and keeps.
-    fn torn_down(&mut self, t: &Closed) {
+    fn closed(&mut self, t: &Closed) {
         if let Err(e) = &t.ledger {
             tracing::error!(iface = %self.s.name, error = %e, "ledger does not balance after the reap");
         }
@@ -456,7 +456,7 @@ impl SupervisorThread {
     }
 
     /// Tear down at a close: the replaced QPs' grace first, then everything.
-    fn final_teardown(&mut self, iface: Interface) {
+    fn final_close(&mut self, iface: Interface) {
         self.wait_out_grace();
         let (t, _, _) = close_timed(iface, FLUSH_DEADLINE, Some(&*self.s.tap), false);
         self.last_ledger = t.ledger;

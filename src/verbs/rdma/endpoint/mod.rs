@@ -153,7 +153,7 @@ pub struct RdmaEndpoint {
     /// `post_send` posts the prefix that fits and `post_recv` refuses, both with
     /// `ENOMEM`, as a full device queue would.
     sends_in_flight: u32,
-    torn_down: bool,
+    closed: bool,
     /// The event that told this endpoint its device is gone (`DeviceFatal` or
     /// `DeviceRemoved`); the teardown log knows too.
     lost: Option<AsyncEvent>,
@@ -227,10 +227,10 @@ impl RdmaEndpoint {
     }
 
     fn teardown(&mut self) -> Result<(), VerbsError> {
-        if self.torn_down {
+        if self.closed {
             return Ok(());
         }
-        self.torn_down = true;
+        self.closed = true;
         let mut first: Option<VerbsError> = None;
         let mut keep = |r: Result<(), VerbsError>| {
             if let Err(e) = r {

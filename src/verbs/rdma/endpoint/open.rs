@@ -137,7 +137,7 @@ impl RdmaEndpoint {
             recv_sge_len,
             recvs_in_flight: 0,
             sends_in_flight: 0,
-            torn_down: false,
+            closed: false,
             lost: None,
             send_wrs: (0..send_n).map(|_| zeroed()).collect(),
             send_sges: (0..send_n).map(|_| zeroed()).collect(),

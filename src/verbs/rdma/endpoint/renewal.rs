@@ -19,7 +19,7 @@ impl RdmaEndpoint {
     /// [`Endpoint::prepare_spare`]: prepare the spare queues (the retired ones are the
     /// reaper's).
     pub(super) fn maintain_queues(&mut self) -> Result<(), VerbsError> {
-        if self.spare.is_none() && !self.spare_refused && self.lost.is_none() && !self.torn_down {
+        if self.spare.is_none() && !self.spare_refused && self.lost.is_none() && !self.closed {
             let start = Instant::now();
             match self.create_queues() {
                 Ok(q) => {
@@ -55,7 +55,7 @@ impl RdmaEndpoint {
                 "the device was lost ({ev:?})"
             )));
         }
-        if self.torn_down {
+        if self.closed {
             return Err(VerbsError::RenewRefused("the endpoint is closed".into()));
         }
         // Where the time goes (logged): each step's end, from `t0`.
@@ -185,7 +185,7 @@ impl RdmaEndpoint {
 
     /// [`Endpoint::gid_now`]: the GID the port's table gives now.
     pub(super) fn gid_choice_now(&mut self) -> Result<Option<(Gid, u8)>, VerbsError> {
-        if self.lost.is_some() || self.torn_down {
+        if self.lost.is_some() || self.closed {
             return Ok(None);
         }
         let cfg = &self.cfg;
