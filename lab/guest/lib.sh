@@ -20,7 +20,7 @@
 #   ledger_residuals [FILE]   "recv send": the `ledger_residuals` the daemon reports in
 #                             `uipoib stats --json` (FILE or stdin), posted - completed -
 #                             flushed - reaped - outstanding per ring ("" without stats)
-#   daemon_up UIPOIB TAP ADDR TIMEOUT LOG   `uipoib up` in the background ($daemon), until
+#   daemon_up UIPOIB TAP ADDR TIMEOUT LOG [ARGS...]   `uipoib up ... ARGS` in the background ($daemon), until
 #                             TAP is UP with ADDR: records step "up"
 #   daemon_stop LOG           SIGTERM: the daemon must exit 0 and its exit log say "ledger
 #                             balanced": records step "stop", its exit in uipoib-ROLE.rc
@@ -109,7 +109,7 @@ ledger_residuals() {
 	jq -r '.ledger_residuals // empty | "\(.recv) \(.send)"' "$@" 2>/dev/null || true
 }
 
-# daemon_up UIPOIB TAP ADDR TIMEOUT LOG: sets $daemon (empty when it is not running).
+# daemon_up UIPOIB TAP ADDR TIMEOUT LOG [ARGS...]: sets $daemon (empty when it is not running).
 daemon_up() {
 	local bin=$1 tap=$2 addr=$3 timeout=$4 log=$5 rc end state=
 	daemon=
@@ -119,7 +119,7 @@ daemon_up() {
 		return
 	fi
 	RUST_LOG=${RUST_LOG:-info} RUST_BACKTRACE=1 \
-		"$bin" up --device "$LAB_RDMA_DEV" --tap "$tap" --addr "$addr" </dev/null >"$log" 2>&1 &
+		"$bin" up --device "$LAB_RDMA_DEV" --tap "$tap" --addr "$addr" "${@:6}" </dev/null >"$log" 2>&1 &
 	daemon=$!
 	end=$((SECONDS + timeout))
 	while ((SECONDS < end)); do

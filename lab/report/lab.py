@@ -6,6 +6,7 @@ import os
 
 from common import (
     read,
+    read_json,
     load,
     text,
     read_env,
@@ -145,8 +146,27 @@ def e2e(a):
             problems.append(f"uipoib daemon on guest {r}: exit code {d['exit_code'] or 'unknown'} ({d['stop_status'] or 'not stopped'})")
         rep["daemons"][r] = d
 
+    # --- the fault run: what `uipoib fault run --json` says (its checks are its own) ---
+    fr, why = read_json(os.path.join(out, "fault-poll-error.json"))
+    if isinstance(fr, dict):
+        f0 = (fr.get("faults") or [{}])[0]
+        rep["fault_run"] = {
+            "scenario": fr.get("scenario") or "poll-error",
+            "passed": fr.get("passed"),
+            "failures": fr.get("failures") or [],
+            "detect_ms": f0.get("detect_ms"),
+            "recovery_ms": f0.get("recovery_ms"),
+            "resume_ms": f0.get("resume_ms"),
+            "causes": f0.get("causes"),
+            "wr_reaped": f0.get("wr_reaped"),
+            "ledger_balanced": f0.get("ledger_balanced"),
+        }
+    else:
+        rep["fault_run"] = {"status": f"no report: {why}"}
+        missing.append(f"fault run report (fault-poll-error.json): {why}")
+
     # --- steps and guests ---
-    steps = ("ibsend", "eth0tcp", "up", "ping", "uiptcp", "uipudp", "stats", "stop")
+    steps = ("ibsend", "eth0tcp", "up", "ping", "uiptcp", "uipudp", "fault", "stats", "stop")
     rep["steps"] = {r: {s: status_of(out, r, s) for s in steps} for r in "ab"}
     rep["guests"] = guests
     for r in "ab":
@@ -218,6 +238,17 @@ def e2e(a):
                 f"{label}{r['mbit_per_s']:.1f} Mbit/s received (sent {fmt(r.get('sender_mbit_per_s'))}, "
                 f"{r.get('retransmits')} retransmits)"
             )
+    fr = rep["fault_run"]
+    if "passed" in fr:
+        L.append(
+            f"fault run (poll-error under iperf3 TCP via uipoib): {'passed' if fr['passed'] else 'FAILED'}; "
+            f"detected {fmt(fr['detect_ms'], '.0f')} ms, recovered {fmt(fr['recovery_ms'], '.1f')} ms, "
+            f"traffic back {fmt(fr['resume_ms'], '.0f')} ms after the injection; causes {fr['causes']}, "
+            f"{fr['wr_reaped']} WRs reaped, ledger {'balanced' if fr['ledger_balanced'] else 'NOT balanced'}"
+        )
+        L.extend(f"  FAIL {x}" for x in fr["failures"])
+    else:
+        L.append(f"fault run: {fr['status']}")
     L.append("")
     rr = rep["ratios"]
     L.append(f"ratio uipoib TCP / ib_send_bw UD:  {fmt(rr['uipoib_tcp_over_ib_send_bw_ud'], '.3f')}")
@@ -269,6 +300,10 @@ def e2e_assert(out, rep):
     u = rep.get("iperf3_uipoib_udp", {})
     check(u.get("status") == "ok" and u.get("mbit_per_s") is not None, "iperf3 UDP through uipoib ran",
           f"{u['mbit_per_s']:.2f} Mbit/s, {u.get('lost_percent')}% loss" if u.get("mbit_per_s") is not None else u.get("status"))
+    fr = rep.get("fault_run", {})
+    check(fr.get("passed") is True, "the fault run (poll-error under TCP load) passed its checks",
+          f"recovered in {fmt(fr.get('recovery_ms'), '.1f')} ms, ledger balanced {fr.get('ledger_balanced')}"
+          if "passed" in fr else fr.get("status"))
     for r in "ab":
         rc = text(os.path.join(out, f"uipoib-{r}.rc")) or ""
         check(rc == "0", f"daemon {r} exited 0 on SIGTERM", f"exit {rc or 'unknown'}")
