@@ -1,7 +1,8 @@
 //! One interface's datapath: an [`Endpoint`], its work-request [`Ledger`], its
-//! [`Neighbours`] and the translation between TAP Ethernet frames and IPoIB.
+//! [`Neighbours`], and the facts of the translation between TAP Ethernet frames and
+//! IPoIB (`wire::translate`) applied to them.
 //!
-//! An [`Interface`] is driven by the poller (`crate::runtime::poller`): it never reads a
+//! An [`Interface`] is driven by a caller above it (the runtime's poller): it never reads a
 //! clock of its own and never waits. `now` comes in as an argument; where it times its
 //! own steps (the open, a teardown's destroy and renewal) it reads the [`Clock`] its
 //! caller passes, if any; a teardown's drain is polled one step at a time by a caller

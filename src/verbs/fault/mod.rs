@@ -6,8 +6,8 @@
 //! or the clock (`now` comes in as an argument). The decorator asks a
 //! [`trigger::Schedule`] at each operation whether the fault fires and applies it; the
 //! control socket and the CLI build a [`spec::FaultSpec`] from a request and refuse a bad
-//! one naming the field that is wrong. Scripted runs of faults under load are
-//! [`crate::scenario`]'s, a client of the control socket.
+//! one naming the field that is wrong. Scripted runs of faults under load (scenario
+//! files) are played from above, by the scenario runner, through the control socket.
 
 pub mod decorator;
 pub mod rng;
