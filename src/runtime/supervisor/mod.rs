@@ -7,7 +7,7 @@
 //! is decided by the restart machine ([`crate::iface::recovery`]: the sequence, the
 //! backoff, the circuit breaker, device loss and return); the supervisor's thread
 //! (`thread.rs`) feeds it what happened and performs what it asks: sets the TAP carrier
-//! off (the TAP and its address stay); tears the interface down ([`teardown`]: QP to
+//! off (the TAP and its address stay); tears the interface down ([`close`]: QP to
 //! error, flushes drained within a deadline on the wall clock, group detached, AHs,
 //! QP, CQs, channel, MR, PD and context destroyed or the endpoint kept with a new QP
 //! and CQs, every work request still outstanding reaped, the ledger checked); waits;
