@@ -243,7 +243,7 @@ def e2e(a):
         L.append(
             f"fault run (poll-error under iperf3 TCP via uipoib): {'passed' if fr['passed'] else 'FAILED'}; "
             f"detected {fmt(fr['detect_ms'], '.0f')} ms, recovered {fmt(fr['recovery_ms'], '.1f')} ms, "
-            f"traffic back {fmt(fr['resume_ms'], '.0f')} ms after the injection; causes {fr['causes']}, "
+            f"traffic back {fmt(fr['resume_ms'], '.0f')} ms after the injection; causes {', '.join(fr['causes'] or []) or '-'}, "
             f"{fr['wr_reaped']} WRs reaped, ledger {'balanced' if fr['ledger_balanced'] else 'NOT balanced'}"
         )
         L.extend(f"  FAIL {x}" for x in fr["failures"])
