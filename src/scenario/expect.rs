@@ -3,7 +3,7 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::record::{Record, rates_for_restore, records_since, residuals};
+use super::record::{Record, rates_for_restore, records_since};
 use super::report::AtRest;
 use super::report::Outcome;
 use super::run::Runner;
@@ -146,7 +146,7 @@ impl Runner {
             );
         }
         if let Some(want) = e.ledger_balanced {
-            let res = residuals(&now);
+            let res = now.residuals();
             let (rr, sr) = (res.recv, res.send);
             let bad: Vec<u16> = records_since(&status, r.restarts0)
                 .iter()
@@ -312,7 +312,7 @@ impl Runner {
                 state = s.state;
             }
             if let Ok(s) = self.client.stats() {
-                res = Some(residuals(&s));
+                res = Some(s.residuals());
             }
             if state == "running" && res.is_some_and(|r| r.balanced()) {
                 break;

@@ -7,7 +7,6 @@ use super::gaps;
 use super::report::{FaultReport, Iperf3Session, Outcome, Throughput};
 use super::run::{Runner, WINDOW, unix_ms};
 use super::traffic::{Interval, Sample, Sampler};
-use crate::iface::stats::Residuals;
 use crate::iface::stats::Snapshot;
 use crate::runtime::supervisor::{RestartRecord, Status};
 
@@ -29,11 +28,6 @@ pub(super) struct Record {
     pub(super) generation: u32,
     /// An `expect` asked for `iperf3_resumed`, checked once the load has stopped.
     pub(super) want_iperf3_resumed: Option<bool>,
-}
-
-/// The ledger's residuals in `s` ([`Snapshot::residuals`]).
-pub(super) fn residuals(s: &Snapshot) -> Residuals {
-    s.residuals()
 }
 
 /// The restart records added since `restarts0` restarts.
@@ -178,7 +172,7 @@ impl Runner {
             .saturating_sub(r.start.completions_rejected);
         let restarts_ok = recs.iter().all(|h| h.ledger_balanced);
         if self.has_read_stats() {
-            let res = residuals(&now);
+            let res = now.residuals();
             rep.ledger_residuals = Some(res);
             if res.balanced() && now.restarts >= status.restarts {
                 r.live_balanced = true;
