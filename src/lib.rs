@@ -6,6 +6,8 @@
 //! - [`wire`]: the codecs and the Ethernet ⇄ IPoIB translation, pure functions over bytes;
 //! - [`verbs`]: the RDMA boundary (traits, libibverbs, retirement of replaced objects) and
 //!   the fault-injecting decorator with its fault kinds and triggers;
+//! - [`sys`]: the system calls outside the verbs FFI (TAP ioctls, signals, peer
+//!   credentials), the only other code allowed `unsafe`;
 //! - [`tap`]: the TAP device and its frame I/O;
 //! - [`iface`]: one interface's logic: receive and send paths, the NAPI budget, the
 //!   work-request ledger, neighbours, counters and the restart state machine, no threads;
@@ -17,6 +19,7 @@
 pub mod iface;
 pub mod runtime;
 pub mod scenario;
+pub mod sys;
 pub mod tap;
 pub mod verbs;
 pub mod wire;

@@ -413,7 +413,7 @@ fn run_kill(d: &FakeDaemon, timeout_ms: u64) -> (Option<i32>, String, serde_json
 /// Stop what the run left: the daemon it started, and ours.
 fn cleanup(mut d: FakeDaemon, report: &serde_json::Value) {
     if let Some(pid) = report["faults"][0]["daemon"]["new_pid"].as_u64() {
-        let _ = uipoib::runtime::sys::kill_process(pid as u32, libc::SIGKILL);
+        let _ = uipoib::sys::process::kill_process(pid as u32, libc::SIGKILL);
     }
     let _ = d.child.kill();
     let _ = d.child.wait();
@@ -427,7 +427,7 @@ fn a_kill_step_kills_the_daemon_and_starts_it_again_as_it_was() {
     let tap = std::path::Path::new("/dev/net/tun")
         .exists()
         .then_some(tap)
-        .filter(|_| uipoib::runtime::sys::euid() == 0);
+        .filter(|_| uipoib::sys::process::euid() == 0);
     let mut d = fake_daemon("ok", "serve", tap.as_deref());
     if let Some(t) = &tap {
         assert!(Path::new("/sys/class/net").join(t).exists(), "no TAP {t}");

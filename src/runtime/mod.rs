@@ -7,4 +7,3 @@ pub mod control;
 pub mod daemon;
 pub mod poller;
 pub mod supervisor;
-pub mod sys;

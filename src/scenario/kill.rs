@@ -30,7 +30,7 @@ use super::Kill;
 use super::report::DaemonRestart;
 use super::run::unix_ms;
 use crate::runtime::supervisor::Status;
-use crate::runtime::sys;
+use crate::sys::process as sys;
 
 /// How often the old daemon's exit and the new one's control socket are looked at.
 const POLL: Duration = Duration::from_millis(10);

@@ -107,7 +107,7 @@ pub(super) fn exec(
     let result = match rx.recv_timeout(timeout) {
         Ok(r) => Some(r),
         Err(_) => {
-            let _ = crate::runtime::sys::kill_group(pid, libc::SIGKILL);
+            let _ = crate::sys::process::kill_group(pid, libc::SIGKILL);
             None
         }
     };

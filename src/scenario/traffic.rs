@@ -261,13 +261,13 @@ impl Load {
     pub(super) fn stop(mut self) -> TrafficReport {
         let running = self.running();
         if running {
-            let _ = crate::runtime::sys::kill_group(self.child.id(), libc::SIGINT);
+            let _ = crate::sys::process::kill_group(self.child.id(), libc::SIGINT);
             let end = Instant::now() + Duration::from_secs(5);
             while Instant::now() < end && self.running() {
                 thread::sleep(Duration::from_millis(20));
             }
             if self.running() {
-                let _ = crate::runtime::sys::kill_group(self.child.id(), libc::SIGKILL);
+                let _ = crate::sys::process::kill_group(self.child.id(), libc::SIGKILL);
             }
         }
         let status = self.child.wait().ok();

@@ -1,6 +1,6 @@
 //! The TAP device: the ordinary IP interface users see.
 //!
-//! Opened with `IFF_TAP | IFF_NO_PI` ([`sys`]), non-blocking, and configured with
+//! Opened with `IFF_TAP | IFF_NO_PI` ([`crate::sys::tap`]), non-blocking, and configured with
 //! iproute2: the MAC that stands for this interface's IPoIB address, the IPoIB MTU, the
 //! address, link up. IPv6 is switched off on it, because this datapath does not carry
 //! IPv6 yet and the kernel would otherwise keep sending router and listener solicitations
@@ -12,8 +12,6 @@
 //! and partial checksums are completed. The datapath sees ordinary frames either way.
 //!
 //! The TAP outlives the verbs objects: it stays up across a restart of the interface.
-
-pub mod sys;
 
 use std::fs::File;
 use std::io::{self, IoSlice, Read, Write};
@@ -125,10 +123,11 @@ pub trait TapDevice: FrameIo {
 impl Tap {
     /// Create (or attach to) the TAP named `name`.
     pub fn create(name: &str, offload: bool) -> Result<Tap, TapError> {
-        let (fd, real) = sys::tap_open(name, offload).map_err(|source| TapError::Create {
-            name: name.to_string(),
-            source,
-        })?;
+        let (fd, real) =
+            crate::sys::tap::open(name, offload).map_err(|source| TapError::Create {
+                name: name.to_string(),
+                source,
+            })?;
         Ok(Tap {
             file: File::from(fd),
             name: real,
@@ -297,7 +296,7 @@ impl TapDevice for Tap {
     }
 
     fn set_carrier(&self, on: bool) -> io::Result<()> {
-        sys::tun_set_carrier(self.file.as_raw_fd(), on)
+        crate::sys::tap::set_carrier(self.file.as_raw_fd(), on)
     }
 
     fn reconfigure(&self, mac: Mac, mtu: usize) -> Result<(), TapError> {

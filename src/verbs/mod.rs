@@ -2,8 +2,8 @@
 //!
 //! Everything above this module talks to an RDMA device through the [`Provider`] and
 //! [`Endpoint`] traits defined here, never through `rdma-sys` types. Two providers exist:
-//! [`rdma::RdmaProvider`] over libibverbs (the FFI; with the syscall modules `tap::sys`
-//! and `runtime::sys`, the only code allowed `unsafe`), and `sim::SimFabric`, a
+//! [`rdma::RdmaProvider`] over libibverbs (the FFI; with [`crate::sys`], the only code
+//! allowed `unsafe`), and `sim::SimFabric`, a
 //! deterministic in-process fabric that is a test double for tests and benches (nothing
 //! measured "over rxe" uses it). The simulated fabric is compiled
 //! only with the `sim` feature, which the tests, benches and examples turn on and the

@@ -5,7 +5,7 @@ use std::io;
 use std::path::Path;
 
 use super::ControlError;
-use crate::runtime::sys;
+use crate::sys::process as sys;
 
 /// Why a control-socket path cannot be used.
 fn unsafe_dir(dir: &Path, why: String) -> ControlError {

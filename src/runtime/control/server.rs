@@ -22,7 +22,7 @@ use super::protocol::Served;
 use super::{CLIENT_TIMEOUT, ControlError, Status};
 use crate::iface::stats::Stats;
 use crate::runtime::supervisor::Order;
-use crate::runtime::sys;
+use crate::sys::process as sys;
 use crate::verbs::fault::FaultSwitch;
 
 /// A running control server. Dropping it stops the thread and removes the socket.

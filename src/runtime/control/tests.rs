@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::*;
 use crate::iface::stats::{self, DropReason, Stats};
 use crate::runtime::supervisor::Order;
-use crate::runtime::sys;
+use crate::sys::process as sys;
 use crate::verbs::fault::FaultSwitch;
 
 /// A fresh directory of this test's own (mode 0700, whatever the umask).

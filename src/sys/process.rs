@@ -1,8 +1,6 @@
-//! The process-level system calls the runtime makes: a signal to a child's process group
-//! (or to one process), and what the control socket needs (the effective uid, a peer's
-//! uid or pid, the umask). Like the verbs FFI, this module is allowed `unsafe`; every
-//! block says why it holds.
-#![allow(unsafe_code)]
+//! The process-level system calls: a signal to a child's process group (or to one
+//! process), and what the control socket and the scenario runner need (the effective
+//! uid, a peer's uid or pid, the umask).
 
 use std::io;
 use std::os::fd::RawFd;

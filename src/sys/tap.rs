@@ -1,13 +1,11 @@
-//! The TUN/TAP ioctls: open a TAP device, set its carrier. Like the verbs FFI, this
-//! module is allowed `unsafe`; every block says why it holds.
-#![allow(unsafe_code)]
+//! The TUN/TAP ioctls: open a TAP device, set its carrier.
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
 /// `TUNSETCARRIER` on a TUN/TAP descriptor (Linux 5.0 and later): the link carrier on or
 /// off.
-pub fn tun_set_carrier(fd: RawFd, on: bool) -> io::Result<()> {
+pub fn set_carrier(fd: RawFd, on: bool) -> io::Result<()> {
     let value: libc::c_int = on.into();
     // SAFETY: TUNSETCARRIER reads one `c_int` through the pointer, which points to a live
     // local for the duration of the call; a descriptor that is not an open TUN/TAP fd
@@ -30,7 +28,7 @@ const TUN_F_TSO4: libc::c_ulong = 0x02;
 /// `virtio_net_hdr` and the kernel may hand over TCP/IPv4 super-frames of up to 64 KiB
 /// with partial checksums (`TUNSETOFFLOAD` with checksum and TSO4). Returns the
 /// descriptor and the device's name.
-pub fn tap_open(name: &str, offload: bool) -> io::Result<(std::os::fd::OwnedFd, String)> {
+pub fn open(name: &str, offload: bool) -> io::Result<(std::os::fd::OwnedFd, String)> {
     use std::os::fd::{FromRawFd, OwnedFd};
     if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains('\0') {
         return Err(io::Error::new(
