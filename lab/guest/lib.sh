@@ -22,6 +22,8 @@
 #                             flushed - reaped - outstanding per ring ("" without stats)
 #   daemon_up UIPOIB TAP ADDR TIMEOUT LOG [ARGS...]   `uipoib up ... ARGS` in the background ($daemon), until
 #                             TAP is UP with ADDR: records step "up"
+#   exit_log_balanced LOG     the daemon's exit output says "ledger balanced" (every
+#                             interface, none "NOT balanced")
 #   daemon_stop LOG           SIGTERM: the daemon must exit 0 and its exit log say "ledger
 #                             balanced": records step "stop", its exit in uipoib-ROLE.rc
 # Environment provided by the lab (lab/guest/stage2): LAB_ROLE LAB_SELF LAB_PEER LAB_OUT
@@ -150,6 +152,12 @@ daemon_up() {
 	fi
 }
 
+# exit_log_balanced LOG: the daemon's exit output says "ledger balanced" for every
+# interface (it prints its final counters and one such line per interface).
+exit_log_balanced() {
+	! grep -q 'ledger NOT balanced' "$1" && grep -q '^ledger balanced' "$1"
+}
+
 daemon_stop() {
 	local log=$1 rc end
 	if [[ -z ${daemon:-} ]]; then
@@ -170,8 +178,7 @@ daemon_stop() {
 		echo "$rc" >"$LAB_OUT/uipoib-$LAB_ROLE.rc"
 		if ((rc != 0)); then
 			failed stop "daemon exited $rc (after SIGTERM)"
-		elif grep -q 'ledger NOT balanced' "$log" || ! grep -q '^ledger balanced' "$log"; then
-			# the daemon prints its final counters and "ledger balanced" per interface
+		elif ! exit_log_balanced "$log"; then
 			failed stop "daemon exited 0 but its exit log does not say 'ledger balanced': $(grep -m1 '^ledger' "$log" || echo 'no ledger line')"
 		else
 			ok stop
