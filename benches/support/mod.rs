@@ -123,6 +123,7 @@ pub const B_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 2, 2);
 pub fn params(device: &str, addr: Ipv4Addr) -> IfaceConfig {
     IfaceConfig {
         addr: Ipv4Cidr { addr, prefix: 24 },
+        addr6: Vec::new(),
         mtu: None,
         qkey: DEFAULT_QKEY,
         group: Gid::from_ipv4(DEFAULT_GROUP),

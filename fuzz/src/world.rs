@@ -120,6 +120,7 @@ impl Tally {
 fn params(device: &str, addr: Ipv4Addr, m: u8, tx_batch: u32) -> IfaceConfig {
     IfaceConfig {
         addr: Ipv4Cidr { addr, prefix: 24 },
+        addr6: Vec::new(),
         mtu: None,
         qkey: DEFAULT_QKEY,
         group: Gid::from_ipv4(DEFAULT_GROUP),

@@ -4,6 +4,10 @@
 //!   addresses (RFC 4391);
 //! - [`arp`]: ARP as the TAP speaks it (Ethernet, hardware type 1) and as IPoIB carries it
 //!   (hardware type 32, 20-byte addresses), and translation between the two;
+//! - [`ipv4`], [`ipv6`]: the IP header fields the datapath reads, checksums;
+//! - [`ndisc`]: IPv6 neighbour discovery as the TAP speaks it (6-byte MACs in the
+//!   link-layer address options) and as IPoIB carries it (20-byte addresses, RFC 4391),
+//!   and translation between the two;
 //! - [`eth`]: Ethernet frames from and to the TAP, and the locally administered MACs that
 //!   stand for IPoIB peers;
 //! - [`grh`]: the 40 bytes in front of every UD receive;
@@ -21,6 +25,7 @@ pub mod gid;
 pub mod grh;
 pub mod ipoib;
 pub mod ipv4;
+pub mod ipv6;
 pub mod offload;
 pub mod translate;
 
@@ -54,9 +59,6 @@ pub enum WireError {
     /// An EtherType this datapath does not carry.
     #[error("unsupported EtherType {0:#06x}")]
     UnsupportedEtherType(u16),
-    /// An IPv6 frame (not carried until neighbour discovery is translated).
-    #[error("IPv6 is not carried")]
-    Ipv6,
     /// A VLAN-tagged frame.
     #[error("VLAN-tagged frames are not carried")]
     Vlan,
@@ -74,6 +76,13 @@ pub enum WireError {
     /// An IPv4 header that does not parse.
     #[error("bad IPv4 header: {0}")]
     BadIpv4(&'static str),
+    /// An IPv6 header (or extension header) that does not parse.
+    #[error("bad IPv6 packet: {0}")]
+    BadIpv6(&'static str),
+    /// A neighbour discovery message (or one of its options) that does not parse or
+    /// cannot be translated.
+    #[error("bad neighbour discovery message: {0}")]
+    BadNd(&'static str),
     /// The 40 bytes in front of a UD receive do not hold the GRH layout the port uses.
     #[error("bad GRH: {0}")]
     BadGrh(&'static str),

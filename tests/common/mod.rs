@@ -127,6 +127,7 @@ impl TapDevice for SockTap {
 pub fn params(device: &str, addr: &str, recv: u32, send: u32) -> IfaceConfig {
     IfaceConfig {
         addr: addr.parse::<Ipv4Cidr>().unwrap(),
+        addr6: Vec::new(),
         mtu: None,
         qkey: DEFAULT_QKEY,
         group: Gid::from_ipv4(DEFAULT_GROUP),

@@ -34,6 +34,7 @@ use crate::wire::arp::IpoibArp;
 use crate::wire::eth::{self, Mac, mac_for_gid};
 use crate::wire::ipoib::{self, IpoibAddr};
 use crate::wire::ipv4::Ipv4Cidr;
+use crate::wire::ipv6::Ipv6Cidr;
 
 /// How long a teardown waits for flush completions after moving the QP to error.
 pub const FLUSH_DEADLINE: Duration = Duration::from_millis(200);
@@ -43,6 +44,9 @@ pub const FLUSH_DEADLINE: Duration = Duration::from_millis(200);
 pub struct IfaceConfig {
     /// Interface address and subnet.
     pub addr: Ipv4Cidr,
+    /// IPv6 addresses besides the link-local one (which comes from the TAP's MAC);
+    /// at most [`crate::wire::translate::MAX_ADDR6`].
+    pub addr6: Vec<Ipv6Cidr>,
     /// IPoIB MTU (IP packet size); `None`: the port's active MTU minus 4.
     pub mtu: Option<u32>,
     /// Q_Key.

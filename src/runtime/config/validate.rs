@@ -11,6 +11,7 @@ use crate::iface::IfaceConfig;
 use crate::verbs::{EndpointConfig, Gid};
 use crate::wire::ipoib;
 use crate::wire::ipv4::Ipv4Cidr;
+use crate::wire::ipv6::Ipv6Cidr;
 
 /// A validated interface configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,6 +26,8 @@ pub struct Config {
     pub tap: String,
     /// Interface address.
     pub addr: Ipv4Cidr,
+    /// IPv6 addresses besides the link-local one the kernel derives from the TAP's MAC.
+    pub addr6: Vec<Ipv6Cidr>,
     /// IPoIB MTU; `None` means the port's active MTU minus 4.
     pub mtu: Option<u32>,
     /// Receive completions per poll.
@@ -264,6 +267,7 @@ impl Config {
             gid_index: f.gid_index,
             tap,
             addr,
+            addr6: Vec::new(),
             mtu,
             budget,
             control,
@@ -293,6 +297,7 @@ impl Config {
     pub fn iface_config(&self) -> IfaceConfig {
         IfaceConfig {
             addr: self.addr,
+            addr6: self.addr6.clone(),
             mtu: self.mtu,
             qkey: self.qkey,
             group: self.group,

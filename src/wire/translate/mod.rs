@@ -76,3 +76,6 @@ pub enum TxDrop {
     /// An ARP reply to a MAC that stands for no known peer.
     NoNeighbour,
 }
+
+/// IPv6 addresses an interface carries besides its link-local one.
+pub const MAX_ADDR6: usize = 8;
