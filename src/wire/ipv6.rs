@@ -322,7 +322,7 @@ mod tests {
         let mac = [0x02, 0x00, 0x0a, 0x0b, 0x0c, 0x0d];
         assert_eq!(
             link_local_for_mac(mac),
-            "fe80::a:bff:fe0c:d".parse::<Ipv6Addr>().unwrap()
+            "fe80::aff:fe0b:c0d".parse::<Ipv6Addr>().unwrap()
         );
         let ip: Ipv6Addr = "2001:2:0:1::1:2:3".parse().unwrap();
         assert_eq!(
