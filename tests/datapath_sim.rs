@@ -105,7 +105,7 @@ fn tap_garbage_is_counted_by_reason() {
         ),
         (
             eth_frame(Mac::BROADCAST, a.mac(), 0x86DD, &[0x60; 60]),
-            DropReason::TxIpv6,
+            DropReason::TxBadIpv6,
         ),
         (
             eth_frame(Mac::BROADCAST, a.mac(), 0x88CC, &[0; 60]),

@@ -290,7 +290,7 @@ fn stats_status_and_junk() {
     let path = tmp_sock("a");
     let st = Arc::new(Stats::default());
     stats::add(&st.rx_packets, 5);
-    st.count_drop(DropReason::TxIpv6);
+    st.count_drop(DropReason::TxBadIpv6);
     let status = Arc::new(Mutex::new(Status {
         state: "running".into(),
         tap: "uip0".into(),
@@ -304,7 +304,7 @@ fn stats_status_and_junk() {
     assert_eq!(mode, 0o600);
     let v = request(&path, "stats").unwrap();
     assert_eq!(v["stats"]["rx_packets"], 5);
-    assert_eq!(v["stats"]["drops"]["tx_ipv6"], 1);
+    assert_eq!(v["stats"]["drops"]["tx_bad_ipv6"], 1);
     let v = request(&path, "status").unwrap();
     assert_eq!(v["status"]["tap"], "uip0");
     request(&path, "restart").unwrap();
