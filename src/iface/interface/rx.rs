@@ -205,14 +205,16 @@ impl Interface {
         nd: bool,
         now: Instant,
     ) -> Result<(), DropReason> {
-        let not_learned = if nd {
-            &self.stats.nd_not_learned
-        } else {
-            &self.stats.arp_not_learned
+        let not_learned = |st: &Stats| {
+            if nd {
+                stats::add(&st.nd_not_learned, 1);
+            } else {
+                stats::add(&st.arp_not_learned, 1);
+            }
         };
         match sender {
             Sender::Refused | Sender::Silent => {}
-            Sender::Probe => stats::add(not_learned, 1),
+            Sender::Probe => not_learned(&self.stats),
             Sender::Claim { ip, hw, standing } => {
                 let trust = match standing {
                     Standing::Addressed => Trust::Create,
@@ -230,7 +232,7 @@ impl Interface {
                         tracing::info!(%ip, old_qpn, new_qpn = hw.qpn, "peer moved to a new QPN");
                     }
                     Learned::Refreshed => {}
-                    Learned::Unknown | Learned::Conflict => stats::add(not_learned, 1),
+                    Learned::Unknown | Learned::Conflict => not_learned(&self.stats),
                     // Another GID behind the sender's MAC: not passed on.
                     Learned::Collision => {
                         return Err(if nd {
