@@ -767,7 +767,8 @@ fn ipv6_addresses_need_an_mtu_of_1280() {
 
 /// `Tap::configure` on a real TAP in a namespace: the IPv4 and IPv6 addresses, the
 /// link-local one from the MAC; `Tap::reconfigure` to another MAC: the link-local address
-/// follows it, the old one is gone, and the IPv6 and IPv4 addresses are there again.
+/// follows it, the old one is gone, and the IPv6 and IPv4 addresses are there again. A
+/// TAP without IPv6 addresses has IPv6 off.
 #[test]
 fn tap_configure_and_reconfigure_derive_the_link_local_from_the_mac() {
     if !can_run("netns_sim tap configure") {
@@ -828,4 +829,32 @@ fn tap_configure_and_reconfigure_derive_the_link_local_from_the_mac() {
         &["-n", &ns.0, "-4", "-o", "addr", "show", "dev", &name],
     );
     assert!(v4.contains("inet 198.18.7.1/24"), "{v4}");
+
+    // Without IPv6 addresses, IPv6 stays off: no link-local address, no kernel chatter.
+    let name4 = format!("ud{id}x7");
+    let tap4 = uipoib::tap::Tap::create(&name4, false).unwrap();
+    tap4.configure(
+        Mac(mac1),
+        1500,
+        "198.18.8.1/24".parse().unwrap(),
+        &[],
+        Some(&ns.0),
+    )
+    .unwrap();
+    uipoib::tap::Tap::reconfigure(&tap4, Mac(mac2), 1500).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let o = ns_exec(
+        &ns.0,
+        &[
+            "sysctl",
+            "-n",
+            &format!("net/ipv6/conf/{name4}/disable_ipv6"),
+        ],
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "1");
+    let v6 = run(
+        "ip",
+        &["-n", &ns.0, "-6", "-o", "addr", "show", "dev", &name4],
+    );
+    assert!(v6.trim().is_empty(), "{v6}");
 }

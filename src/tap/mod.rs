@@ -2,9 +2,11 @@
 //!
 //! Opened with `IFF_TAP | IFF_NO_PI` ([`crate::sys::tap`]), non-blocking, and configured with
 //! iproute2: the MAC that stands for this interface's IPoIB address, the IPoIB MTU, the
-//! IPv4 address and any IPv6 addresses, link up. IPv6 is on (dual stack): the kernel
-//! derives the TAP's link-local address from its MAC (EUI-64), and the configured IPv6
-//! addresses are added with duplicate address detection left on.
+//! IPv4 address and any IPv6 addresses, link up. With IPv6 addresses configured IPv6 is
+//! on (dual stack): the kernel derives the TAP's link-local address from its MAC
+//! (EUI-64), and the configured addresses are added with duplicate address detection
+//! left on. Without them IPv6 stays off, so that an IPv4-only interface does not send
+//! the kernel's router and listener solicitations and address probes at all.
 //!
 //! With offloads (`tap-offload`, on by default) the TAP also has `IFF_VNET_HDR` with
 //! checksum and TCP segmentation offload: the kernel's TCP hands over super-frames of up
@@ -189,15 +191,16 @@ impl Tap {
         &self.name
     }
 
-    /// Move it into network namespace `netns` (if given), then set MAC and MTU, enable
-    /// IPv6, add the IPv4 address and the IPv6 ones (`addr6`) and bring it up.
+    /// Move it into network namespace `netns` (if given), then set MAC and MTU, with IPv6
+    /// addresses (`addr6`) enable IPv6 and add them, add the IPv4 address and bring it up.
     ///
     /// The order matters for IPv6: it is switched off while the MAC and MTU are set and
     /// on afterwards, so that the link-local address the kernel derives (EUI-64,
     /// `addr_gen_mode` 0) comes from the final MAC, also on a TAP that existed before.
-    /// The IPv6 addresses keep duplicate address detection. A kernel without IPv6 (no
-    /// such sysctl) is fine as long as `addr6` is empty; with IPv6 addresses it is an
-    /// error naming the sysctl, as is an MTU below the 1280 bytes IPv6 needs.
+    /// The IPv6 addresses keep duplicate address detection. Without IPv6 addresses IPv6
+    /// stays off (best effort: a kernel without IPv6 has no such sysctl); with them, a
+    /// kernel that cannot enable it is an error naming the sysctl, as is an MTU below
+    /// the 1280 bytes IPv6 needs.
     pub fn configure(
         &self,
         mac: Mac,
@@ -235,8 +238,8 @@ impl Tap {
         self.set_link(netns.as_deref(), mac, mtu, &addr6)
     }
 
-    /// IPv6 off, MAC and MTU, IPv6 on (the link-local address derived from `mac`) and
-    /// the `addr6` addresses added.
+    /// IPv6 off, MAC and MTU; with `addr6`, IPv6 on (the link-local address derived from
+    /// `mac`) and the `addr6` addresses added.
     fn set_link(
         &self,
         netns: Option<&str>,
@@ -248,18 +251,18 @@ impl Tap {
         // Best effort: without IPv6 there is nothing to clear.
         let _ = self.sysctl(netns, &format!("net/ipv6/conf/{name}/disable_ipv6=1"));
         self.set_mac_mtu(netns, mac, mtu)?;
-        if !addr6.is_empty() && mtu < MIN_IPV6_MTU {
+        if addr6.is_empty() {
+            // IPv4 only: IPv6 stays off, or the kernel's own router and listener
+            // solicitations and duplicate address probes would be counted as drops.
+            return Ok(());
+        }
+        if mtu < MIN_IPV6_MTU {
             return Err(TapError::Ipv6Mtu { name, mtu });
         }
         // EUI-64 from the MAC, the kernel's default, made explicit (best effort: older
         // kernels have no such sysctl).
         let _ = self.sysctl(netns, &format!("net/ipv6/conf/{name}/addr_gen_mode=0"));
-        let enable = self.sysctl(netns, &format!("net/ipv6/conf/{name}/disable_ipv6=0"));
-        if let Err(e) = enable
-            && !addr6.is_empty()
-        {
-            return Err(e);
-        }
+        self.sysctl(netns, &format!("net/ipv6/conf/{name}/disable_ipv6=0"))?;
         for a in addr6 {
             self.ip(
                 netns,
