@@ -294,6 +294,8 @@ fn stats_status_and_junk() {
     let status = Arc::new(Mutex::new(Status {
         state: "running".into(),
         tap: "uip0".into(),
+        addr: "198.18.1.1/24".into(),
+        addr6: vec!["2001:2:0:1::1/64".into()],
         ..Default::default()
     }));
     let (ctx, crx) = crossbeam_channel::unbounded();
@@ -307,6 +309,9 @@ fn stats_status_and_junk() {
     assert_eq!(v["stats"]["drops"]["tx_bad_ipv6"], 1);
     let v = request(&path, "status").unwrap();
     assert_eq!(v["status"]["tap"], "uip0");
+    // The IPv4 address where it always was, the IPv6 ones as a list beside it.
+    assert_eq!(v["status"]["addr"], "198.18.1.1/24", "{v}");
+    assert_eq!(v["status"]["addr6"], json!(["2001:2:0:1::1/64"]), "{v}");
     request(&path, "restart").unwrap();
     assert_eq!(crx.try_recv(), Ok(Order::Restart));
     let v = request_json(
