@@ -768,7 +768,7 @@ fn ipv6_addresses_need_an_mtu_of_1280() {
 /// `Tap::configure` on a real TAP in a namespace: the IPv4 and IPv6 addresses, the
 /// link-local one from the MAC; `Tap::reconfigure` to another MAC: the link-local address
 /// follows it, the old one is gone, and the IPv6 and IPv4 addresses are there again. A
-/// TAP without IPv6 addresses has IPv6 off.
+/// TAP without IPv6 addresses has the link-local address alone.
 #[test]
 fn tap_configure_and_reconfigure_derive_the_link_local_from_the_mac() {
     if !can_run("netns_sim tap configure") {
@@ -851,10 +851,14 @@ fn tap_configure_and_reconfigure_derive_the_link_local_from_the_mac() {
             &format!("net/ipv6/conf/{name4}/disable_ipv6"),
         ],
     );
-    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "1");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "0");
+    // An IPv4-only interface has IPv6 too: the link-local address of its final MAC, and
+    // nothing else.
     let v6 = run(
         "ip",
         &["-n", &ns.0, "-6", "-o", "addr", "show", "dev", &name4],
     );
-    assert!(v6.trim().is_empty(), "{v6}");
+    let ll = uipoib::wire::ipv6::link_local_for_mac(mac2).to_string();
+    assert_eq!(v6.lines().count(), 1, "{v6}");
+    assert!(v6.contains(&format!("{ll}/64")), "{v6}");
 }
