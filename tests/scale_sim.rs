@@ -295,11 +295,7 @@ fn two(hosts: &mut [Host], i: usize, j: usize) -> (&mut Host, &mut Host) {
 
 /// The IPoIB address `n` holds for `ip`.
 fn neigh_hw_by_ip(n: &Neighbours, ip: IpAddr) -> Option<IpoibAddr> {
-    match ip {
-        IpAddr::V4(a) => n.by_ip(a).map(|(_, p)| p.hw),
-        // Today's table knows IPv4 addresses only; with IPv6: `n.by_ip(ip)`.
-        IpAddr::V6(_) => None,
-    }
+    n.by_ip(ip).map(|(_, p)| p.hw)
 }
 
 /// Learn `hw` at `ip` as from an ARP reply.
@@ -796,6 +792,7 @@ fn a_neighbour_table_beyond_capacity_evicts_and_frees_ahs_after_their_last_send(
         s.ah_created,
         s.ah_destroyed
     );
+    assert_eq!(s.neigh_evicted, n.evicted(), "every eviction is counted");
 
     // Peer 1 was the first evicted; the hub's kernel still has its MAC and sends to it.
     let t = tag(0, 1);
@@ -894,6 +891,7 @@ fn memory_per_neighbour_is_two_map_slots() {
                 ah: None,
                 last_seen: now,
                 ip: Some(*ip),
+                ip6: [None; uipoib::iface::neigh::PEER_ADDR6],
                 last_used: None,
             },
         );
