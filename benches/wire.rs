@@ -15,7 +15,9 @@
 //!   read into 16 segments of MSS 4052 (copies, IPv4 and TCP checksums included), per
 //!   super-frame;
 //! - `gso_join`: the TAP's [`Joiner`] verifying 16 received segments and joining them
-//!   into one super-frame, per super-frame.
+//!   into one super-frame, per super-frame;
+//! - `gso_segment_v6`, `gso_join_v6`: the same over IPv6 (16 segments of MSS 4032, the
+//!   same MTU less IPv6's 20 more header bytes).
 //!
 //! What the interface does with the translation's facts (the neighbour table, counters,
 //! posting) is measured by `benches/datapath.rs` and `benches/neigh.rs`.
@@ -26,7 +28,7 @@ mod frames;
 mod short;
 
 use std::hint::black_box;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use uipoib::verbs::{GRH_LEN, Gid, GrhKind};
@@ -35,7 +37,7 @@ use uipoib::wire::ipoib::{self, IpoibAddr};
 use uipoib::wire::ipv4::Ipv4Cidr;
 use uipoib::wire::offload::{self, FrameSink, Joiner, Segmenter, Taken, VNET_HDR_LEN, VnetHdr};
 use uipoib::wire::translate::{self, Addrs6, Local, RecvMeta, RxVerdict};
-use uipoib::wire::{ETHERTYPE_IPV4, grh, ipv4};
+use uipoib::wire::{ETHERTYPE_IPV4, ETHERTYPE_IPV6, grh, ipv4};
 
 /// An IPv4 packet of `len` bytes (198.18.1.1 -> 198.18.1.2, TCP, no DF), zeros after
 /// its header.
@@ -212,6 +214,24 @@ fn tcp_super_frame(payload: usize) -> Vec<u8> {
     frames::eth_frame(MAC_A, MAC_B, ETHERTYPE_IPV4, &ip)
 }
 
+/// A TCP/IPv6 super-frame (20-byte TCP header, no extension headers) with `payload`
+/// bytes.
+fn tcp6_super_frame(payload: usize) -> Vec<u8> {
+    let mut ip = vec![0u8; 60 + payload];
+    ip[0] = 0x60;
+    ip[4..6].copy_from_slice(&((20 + payload).min(65535) as u16).to_be_bytes());
+    ip[6] = 6;
+    ip[7] = 64;
+    ip[8..24].copy_from_slice(&Ipv6Addr::new(0x2001, 2, 0, 1, 0, 0, 0, 2).octets());
+    ip[24..40].copy_from_slice(&Ipv6Addr::new(0x2001, 2, 0, 1, 0, 0, 0, 1).octets());
+    ip[52] = 5 << 4;
+    ip[53] = 0x10;
+    for (i, b) in ip[60..].iter_mut().enumerate() {
+        *b = i as u8;
+    }
+    frames::eth_frame(MAC_A, MAC_B, ETHERTYPE_IPV6, &ip)
+}
+
 struct Discard;
 
 impl FrameSink for Discard {
@@ -224,53 +244,65 @@ impl FrameSink for Discard {
 fn bench_gso(c: &mut Criterion) {
     let mut g = c.benchmark_group("wire");
     g.throughput(Throughput::Elements(1));
-    let mss = 4052u16;
-    let frame = tcp_super_frame(usize::from(mss) * 16);
-    let hdr = VnetHdr {
-        flags: offload::F_NEEDS_CSUM,
-        gso_type: offload::GSO_TCPV4,
-        hdr_len: 54,
-        gso_size: mss,
-        csum_start: 34,
-        csum_offset: 16,
-    };
-    let mut out = vec![0u8; 4200];
-    let mut cut = Segmenter::new();
-    let mut h = [0u8; VNET_HDR_LEN];
-    hdr.emit(&mut h);
-    let read = cut.read_buf();
-    read[..VNET_HDR_LEN].copy_from_slice(&h);
-    read[VNET_HDR_LEN..VNET_HDR_LEN + frame.len()].copy_from_slice(&frame);
-    let n = VNET_HDR_LEN + frame.len();
-    g.bench_function("gso_segment", |b| {
-        b.iter(|| {
-            // The read is taken again each time: planning does not change it.
-            let Taken::Cut { first, .. } = cut.take(black_box(n), &mut out).unwrap() else {
-                unreachable!("a TSO read");
-            };
-            let mut len = first.unwrap();
-            while let Some((_, _, r)) = cut.next_segment(&mut out) {
-                len += r.unwrap();
-            }
-            len
-        })
-    });
-    let p = offload::plan(&frame, &hdr).unwrap();
-    let segs: Vec<Vec<u8>> = (0..p.segments)
-        .map(|i| {
-            let n = offload::segment(&frame, &p, i, &mut out).unwrap();
-            out[..n].to_vec()
-        })
-        .collect();
-    let mut join = Joiner::new();
-    g.bench_function("gso_join", |b| {
-        b.iter(|| {
-            for s in &segs {
-                join.push(black_box(s), &mut Discard).unwrap();
-            }
-            join.flush(&mut Discard)
-        })
-    });
+    for (suffix, ip_hl, gso_type, mss) in [
+        ("", 20u16, offload::GSO_TCPV4, 4052u16),
+        ("_v6", 40, offload::GSO_TCPV6, 4032),
+    ] {
+        let payload = usize::from(mss) * 16;
+        let frame = if gso_type == offload::GSO_TCPV6 {
+            tcp6_super_frame(payload)
+        } else {
+            tcp_super_frame(payload)
+        };
+        let hdr = VnetHdr {
+            flags: offload::F_NEEDS_CSUM,
+            gso_type,
+            hdr_len: 14 + ip_hl + 20,
+            gso_size: mss,
+            csum_start: 14 + ip_hl,
+            csum_offset: 16,
+        };
+        let mut out = vec![0u8; 4200];
+        let mut cut = Segmenter::new();
+        let mut h = [0u8; VNET_HDR_LEN];
+        hdr.emit(&mut h);
+        let read = cut.read_buf();
+        read[..VNET_HDR_LEN].copy_from_slice(&h);
+        read[VNET_HDR_LEN..VNET_HDR_LEN + frame.len()].copy_from_slice(&frame);
+        let n = VNET_HDR_LEN + frame.len();
+        g.bench_function(format!("gso_segment{suffix}"), |b| {
+            b.iter(|| {
+                // The read is taken again each time: planning does not change it.
+                let Taken::Cut { first, .. } = cut.take(black_box(n), &mut out).unwrap() else {
+                    unreachable!("a TSO read");
+                };
+                let mut len = first.unwrap();
+                while let Some((_, _, r)) = cut.next_segment(&mut out) {
+                    len += r.unwrap();
+                }
+                len
+            })
+        });
+        let p = offload::plan(&frame, &hdr).unwrap();
+        assert_eq!(p.segments, 16);
+        let segs: Vec<Vec<u8>> = (0..p.segments)
+            .map(|i| {
+                let n = offload::segment(&frame, &p, i, &mut out).unwrap();
+                out[..n].to_vec()
+            })
+            .collect();
+        let mut join = Joiner::new();
+        g.bench_function(format!("gso_join{suffix}"), |b| {
+            b.iter(|| {
+                for s in &segs {
+                    join.push(black_box(s), &mut Discard).unwrap();
+                }
+                let f = join.flush(&mut Discard);
+                assert_eq!(f.joined, (1, 16), "all 16 joined");
+                f
+            })
+        });
+    }
     g.finish();
 }
 

@@ -289,6 +289,51 @@ fn ipv6_input(ctl: u8, packet: &[u8]) -> Vec<u8> {
     v
 }
 
+const A_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 1, 0, 0, 0, 1);
+const B_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 1, 0, 0, 0, 2);
+
+/// A TCP/IPv6 packet `A_IP6:40000 -> B_IP6:5201` (flow label 0x12345, hop limit 64) with
+/// `data`, its TCP checksum valid.
+fn tcp6(seq: u32, flags: u8, data: &[u8]) -> Vec<u8> {
+    let mut p = vec![0u8; 60];
+    p[0..4].copy_from_slice(&[0x60, 0x01, 0x23, 0x45]);
+    p[4..6].copy_from_slice(&((20 + data.len()) as u16).to_be_bytes());
+    p[6] = 6;
+    p[7] = 64;
+    p[8..24].copy_from_slice(&A_IP6.octets());
+    p[24..40].copy_from_slice(&B_IP6.octets());
+    p[40..42].copy_from_slice(&40000u16.to_be_bytes());
+    p[42..44].copy_from_slice(&5201u16.to_be_bytes());
+    p[44..48].copy_from_slice(&seq.to_be_bytes());
+    p[48..52].copy_from_slice(&1u32.to_be_bytes());
+    p[52] = 5 << 4;
+    p[53] = flags;
+    p[54..56].copy_from_slice(&512u16.to_be_bytes());
+    p.extend_from_slice(data);
+    let c = uipoib::wire::ipv6::upper_checksum(&A_IP6, &B_IP6, 6, &p[40..]);
+    p[56..58].copy_from_slice(&c.to_be_bytes());
+    p
+}
+
+/// A TSO6 super-frame `src -> dst` of `payload` bytes, with the header the kernel gives
+/// (`gso_type` TCP/IPv6, with `ecn` the ECN bit and CWR set).
+fn tso6(dst: Mac, src: Mac, payload: usize, mss: u16, ecn: bool) -> Vec<u8> {
+    let data: Vec<u8> = (0..payload).map(|i| (i * 3) as u8).collect();
+    let flags = if ecn { 0x98 } else { 0x18 };
+    let mut ip = tcp6(1000, flags, &data);
+    let s = uipoib::wire::ipv4::ones_sum(&ip[8..40], 6 + (ip.len() - 40) as u64);
+    ip[56..58].copy_from_slice(&uipoib::wire::ipv4::fold(s).to_be_bytes());
+    let hdr = VnetHdr {
+        flags: offload::F_NEEDS_CSUM,
+        gso_type: offload::GSO_TCPV6 | if ecn { offload::GSO_ECN } else { 0 },
+        hdr_len: 14 + 40 + 20,
+        gso_size: mss,
+        csum_start: 14 + 40,
+        csum_offset: 16,
+    };
+    vnet_read(&hdr, &eth_frame(dst, src, ETHERTYPE_IPV6, &ip))
+}
+
 fn main() {
     let a_mac = Mac([2, 0, 198, 18, 0, 1]);
     let b_mac = Mac([2, 0, 198, 18, 0, 2]);
@@ -437,6 +482,66 @@ fn main() {
         "wire_gso",
         "gro-gap-then-syn",
         &join(1, &[(0, &s1), (0, &s3), (0, &seg(9, 0x12, 0))]),
+    );
+    write(
+        "wire_gso",
+        "tso6-3-segments",
+        &join(0, &[(0, &tso6(b_mac, a_mac, 2500, 1000, false))]),
+    );
+    write(
+        "wire_gso",
+        "tso6-ecn-and-tso4",
+        &join(
+            0,
+            &[
+                (0, &tso6(b_mac, a_mac, 3000, 1200, true)),
+                (0, &tso(b_mac, a_mac, 2000, 900)),
+            ],
+        ),
+    );
+    let seg6 = |seq: u32, flags: u8, n: usize| {
+        eth_frame(b_mac, a_mac, ETHERTYPE_IPV6, &tcp6(seq, flags, &vec![6; n]))
+    };
+    let (t1, t2, t3) = (
+        seg6(1, 0x10, 1000),
+        seg6(1001, 0x10, 1000),
+        seg6(2001, 0x18, 300),
+    );
+    write(
+        "wire_gso",
+        "gro6-3-segments",
+        &join(1, &[(0, &t1), (0, &t2), (0, &t3)]),
+    );
+    write(
+        "wire_gso",
+        "gro-v4-v6-interleaved",
+        &join(
+            1,
+            &[(0, &s1), (0, &t1), (0, &s2), (0, &t2), (0, &t3), (0, &s3)],
+        ),
+    );
+    let udp6_frame = {
+        let mut p = vec![0u8; 40];
+        p[0] = 0x60;
+        p[4..6].copy_from_slice(&13u16.to_be_bytes());
+        p[6] = 17;
+        p[7] = 64;
+        p[8..24].copy_from_slice(&A_IP6.octets());
+        p[24..40].copy_from_slice(&B_IP6.octets());
+        p.extend_from_slice(&[0x14, 0xe9, 0x14, 0xe9, 0, 13]);
+        let s = uipoib::wire::ipv4::ones_sum(&p[8..40], 17 + 13);
+        p.extend_from_slice(&uipoib::wire::ipv4::fold(s).to_be_bytes());
+        p.extend_from_slice(b"query");
+        eth_frame(b_mac, a_mac, ETHERTYPE_IPV6, &p)
+    };
+    let csum6 = VnetHdr {
+        csum_start: 54,
+        ..csum
+    };
+    write(
+        "wire_gso",
+        "udp6-partial-checksum",
+        &join(0, &[(0, &vnet_read(&csum6, &udp6_frame))]),
     );
 
     // tx_tap: the mode byte, then one TAP read per record.

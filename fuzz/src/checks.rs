@@ -1,7 +1,8 @@
 //! Checks of the offload codecs that more than one target uses.
 
+use uipoib::wire::ETHERTYPE_IPV6;
 use uipoib::wire::ipv4::{self, fold, ones_sum};
-use uipoib::wire::offload::{self, GSO_TCPV4, Plan, VNET_HDR_LEN, VnetHdr};
+use uipoib::wire::offload::{self, GSO_TCPV4, GSO_TCPV6, Plan, VNET_HDR_LEN, VnetHdr};
 
 const ETH: usize = 14;
 /// Offset of the IPv4 identification field in a frame.
@@ -9,20 +10,31 @@ const IP_ID: std::ops::Range<usize> = ETH + 4..ETH + 6;
 /// Offset of the IPv4 header checksum in a frame.
 const IP_CSUM: std::ops::Range<usize> = ETH + 10..ETH + 12;
 
-/// Whether `frame` (Ethernet + IPv4 with `ip_hl` header bytes + TCP to the end) has a
-/// valid IPv4 header checksum and a valid TCP checksum.
+/// Whether the frame is IPv6 (by its EtherType).
+fn is_ipv6(frame: &[u8]) -> bool {
+    frame[12..14] == ETHERTYPE_IPV6.to_be_bytes()
+}
+
+/// Whether `frame` (Ethernet + IPv4 with `ip_hl` header bytes, or IPv6 with 40, + TCP to
+/// the end) has a valid IPv4 header checksum (IPv4) and a valid TCP checksum over its
+/// family's pseudo-header.
 pub fn tcp_checksums_ok(frame: &[u8], ip_hl: usize) -> bool {
     let ip = &frame[ETH..];
-    if ipv4::checksum(&ip[..ip_hl]) != 0 {
-        return false;
-    }
+    let addrs = if is_ipv6(frame) {
+        &ip[8..40]
+    } else {
+        if ipv4::checksum(&ip[..ip_hl]) != 0 {
+            return false;
+        }
+        &ip[12..20]
+    };
     let tcp = &ip[ip_hl..];
-    let s = ones_sum(&ip[12..20], 6 + tcp.len() as u64);
+    let s = ones_sum(addrs, 6 + tcp.len() as u64);
     fold(ones_sum(tcp, s)) == 0xffff
 }
 
 /// Segment `i` of a super-frame checked against the super-frame it was cut from: its
-/// length, headers, payload slice, sequence number and both checksums.
+/// length, headers, payload slice, IP length field, sequence number and checksums.
 pub fn check_segment(frame: &[u8], p: &Plan, i: usize, seg: &[u8]) {
     let h = p.headers();
     assert_eq!(seg.len(), p.segment_len(i), "segment {i} length");
@@ -33,8 +45,32 @@ pub fn check_segment(frame: &[u8], p: &Plan, i: usize, seg: &[u8]) {
         "segment {i} payload is not the super-frame's bytes {start}.."
     );
     assert_eq!(seg[..ETH], frame[..ETH], "segment {i} Ethernet header");
-    let total = usize::from(u16::from_be_bytes([seg[ETH + 2], seg[ETH + 3]]));
-    assert_eq!(total, seg.len() - ETH, "segment {i} IPv4 total length");
+    assert_eq!(
+        p.ipv6,
+        is_ipv6(frame),
+        "segment {i}: plan and EtherType disagree"
+    );
+    if p.ipv6 {
+        let plen = usize::from(u16::from_be_bytes([seg[ETH + 4], seg[ETH + 5]]));
+        assert_eq!(
+            plen,
+            seg.len() - ETH - 40,
+            "segment {i} IPv6 payload length"
+        );
+        assert_eq!(
+            seg[ETH..ETH + 4],
+            frame[ETH..ETH + 4],
+            "segment {i} IPv6 header"
+        );
+        assert_eq!(
+            seg[ETH + 6..ETH + 40],
+            frame[ETH + 6..ETH + 40],
+            "segment {i} IPv6 header"
+        );
+    } else {
+        let total = usize::from(u16::from_be_bytes([seg[ETH + 2], seg[ETH + 3]]));
+        assert_eq!(total, seg.len() - ETH, "segment {i} IPv4 total length");
+    }
     let t0 = ETH + p.ip_hl;
     let seq = |f: &[u8]| u32::from_be_bytes([f[t0 + 4], f[t0 + 5], f[t0 + 6], f[t0 + 7]]);
     assert_eq!(
@@ -80,7 +116,8 @@ pub fn cut(frame: &[u8], p: &Plan) -> Vec<Vec<u8>> {
 /// all-zero header and is unchanged; a joined one is a TCP/IPv4 super-frame with a
 /// partial checksum that, completed, is valid, and whose segments, cut as a TAP read
 /// would cut them, are the joined frames (but for IPv4 id and the checksums, which the
-/// cut recomputes) with valid checksums.
+/// cut recomputes) with valid checksums; a TCP/IPv6 one likewise (all of it equal but
+/// the TCP checksum). A joined frame's `gso_type` is its EtherType's family.
 pub fn check_coalesced(written: &[Vec<u8>], delivered: &[([u8; VNET_HDR_LEN], Vec<u8>)]) {
     let mut k = 0;
     for (hdr_bytes, frame) in delivered {
@@ -91,7 +128,8 @@ pub fn check_coalesced(written: &[Vec<u8>], delivered: &[([u8; VNET_HDR_LEN], Ve
             k += 1;
             continue;
         }
-        assert_eq!(hdr.gso_type, GSO_TCPV4, "a joined frame's gso_type");
+        let want = if is_ipv6(frame) { GSO_TCPV6 } else { GSO_TCPV4 };
+        assert_eq!(hdr.gso_type, want, "a joined frame's gso_type");
         assert_eq!(hdr.flags, offload::F_NEEDS_CSUM, "a joined frame's flags");
         let p = offload::plan(frame, &hdr).expect("a joined frame plans as a TSO frame");
         assert!(p.segments >= 2, "a frame joined from one segment");
@@ -116,8 +154,11 @@ pub fn check_coalesced(written: &[Vec<u8>], delivered: &[([u8; VNET_HDR_LEN], Ve
             assert_eq!(seg.len(), w.len(), "segment {i} of a joined frame: length");
             let masked = |f: &[u8]| {
                 let mut f = f.to_vec();
-                for r in [IP_ID, IP_CSUM, tcp_csum.clone()] {
-                    f[r].fill(0);
+                f[tcp_csum.clone()].fill(0);
+                if !is_ipv6(&f) {
+                    for r in [IP_ID, IP_CSUM] {
+                        f[r].fill(0);
+                    }
                 }
                 f
             };

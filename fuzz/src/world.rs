@@ -25,7 +25,7 @@ use uipoib::wire::eth::{self, Mac, mac_for_gid};
 use uipoib::wire::ipoib::IpoibAddr;
 use uipoib::wire::ipv4::Ipv4Cidr;
 use uipoib::wire::ndisc::{self, LinkAddr};
-use uipoib::wire::offload::{GSO_ECN, GSO_TCPV4, VNET_HDR_LEN};
+use uipoib::wire::offload::{GSO_ECN, GSO_TCPV4, GSO_TCPV6, VNET_HDR_LEN};
 use uipoib::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6, ipoib, ipv6};
 
 use crate::checks::check_coalesced;
@@ -325,7 +325,10 @@ impl TxWorld {
     /// [`MIN_MSS`] (keeps each run short; smaller cuts are fuzzed in `wire_gso`).
     pub fn step(&mut self, bytes: &[u8]) {
         let mut read = bytes.to_vec();
-        if self.ta.offload() && read.len() >= VNET_HDR_LEN && read[1] & !GSO_ECN == GSO_TCPV4 {
+        if self.ta.offload()
+            && read.len() >= VNET_HDR_LEN
+            && matches!(read[1] & !GSO_ECN, GSO_TCPV4 | GSO_TCPV6)
+        {
             let mss = u16::from_le_bytes([read[4], read[5]]).max(MIN_MSS);
             read[4..6].copy_from_slice(&mss.to_le_bytes());
         }

@@ -19,15 +19,22 @@ pub fn set_carrier(fd: RawFd, on: bool) -> io::Result<()> {
 
 /// `IFF_VNET_HDR`: every frame carries a `virtio_net_hdr`.
 const IFF_VNET_HDR: libc::c_short = 0x4000;
-/// `TUNSETOFFLOAD` flags: checksum offload and TCP segmentation offload over IPv4.
+/// `TUNSETOFFLOAD` flags: checksum offload, TCP segmentation offload over IPv4 and over
+/// IPv6, and TSO of ECN streams (CWR on the first segment only, `GSO_ECN`); without the
+/// last, the kernel cuts such streams itself before the TAP sees them.
 const TUN_F_CSUM: libc::c_ulong = 0x01;
 const TUN_F_TSO4: libc::c_ulong = 0x02;
+const TUN_F_TSO6: libc::c_ulong = 0x04;
+const TUN_F_TSO_ECN: libc::c_ulong = 0x08;
+/// What the TAP is told the datapath can take ([`crate::wire::offload::Segmenter`] cuts
+/// all of it).
+const OFFLOADS: libc::c_ulong = TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6 | TUN_F_TSO_ECN;
 
 /// Open a TAP device named `name` (created if it does not exist), non-blocking and
 /// close-on-exec, without packet information. With `offload`, frames carry a 10-byte
-/// `virtio_net_hdr` and the kernel may hand over TCP/IPv4 super-frames of up to 64 KiB
-/// with partial checksums (`TUNSETOFFLOAD` with checksum and TSO4). Returns the
-/// descriptor and the device's name.
+/// `virtio_net_hdr` and the kernel may hand over TCP super-frames over IPv4 and IPv6 of up
+/// to 64 KiB with partial checksums (`TUNSETOFFLOAD` with checksum, TSO4, TSO6 and ECN).
+/// Returns the descriptor and the device's name.
 pub fn open(name: &str, offload: bool) -> io::Result<(std::os::fd::OwnedFd, String)> {
     use std::os::fd::{FromRawFd, OwnedFd};
     if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains('\0') {
@@ -87,8 +94,7 @@ pub fn open(name: &str, offload: bool) -> io::Result<(std::os::fd::OwnedFd, Stri
             return Err(io::Error::last_os_error());
         }
         // SAFETY: TUNSETOFFLOAD takes its flags by value; no memory is passed.
-        if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETOFFLOAD, TUN_F_CSUM | TUN_F_TSO4) } < 0
-        {
+        if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETOFFLOAD, OFFLOADS) } < 0 {
             return Err(io::Error::last_os_error());
         }
     }

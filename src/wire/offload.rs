@@ -1,7 +1,8 @@
 //! TAP offloads: the `virtio_net_hdr` a TAP opened with `IFF_VNET_HDR` puts in front of
-//! every frame, completing a partial checksum, and cutting a TCP/IPv4 super-frame (TSO,
-//! up to 64 KiB) into MSS-sized segments, each with its own IPv4 id, TCP sequence
-//! number, flags and checksums, as the kernel's own GSO would.
+//! every frame, completing a partial checksum, and cutting a TCP super-frame over IPv4 or
+//! IPv6 (TSO, up to 64 KiB) into MSS-sized segments, each with its own IPv4 id and header
+//! checksum or IPv6 payload length, TCP sequence number, flags and checksum, as the
+//! kernel's own GSO would.
 //!
 //! With these, one TAP read carries up to 64 KiB of a TCP stream where it would carry
 //! one MTU, and the kernel's TCP stack handles one large packet instead of many.
@@ -12,7 +13,7 @@
 //! and the test doubles only move bytes in and out of them.
 
 use super::ipv4::{self, fold, ones_sum as sum};
-use super::{ETHERTYPE_IPV4, WireError};
+use super::{ETHERTYPE_IPV4, ETHERTYPE_IPV6, WireError};
 
 /// Length of the `virtio_net_hdr` (without `num_buffers`) set with `TUNSETVNETHDRSZ`.
 pub const VNET_HDR_LEN: usize = 10;
@@ -22,14 +23,22 @@ pub const F_NEEDS_CSUM: u8 = 1;
 pub const GSO_NONE: u8 = 0;
 /// `gso_type`: TCP over IPv4.
 pub const GSO_TCPV4: u8 = 1;
+/// `gso_type`: TCP over IPv6.
+pub const GSO_TCPV6: u8 = 4;
 /// `gso_type` bit: the stream uses ECN (CWR goes on the first segment only).
 pub const GSO_ECN: u8 = 0x80;
-/// The largest frame a TAP read returns with offloads on (an IPv4 packet of 64 KiB and
-/// its Ethernet header).
+/// The largest frame a TAP read returns with offloads on (an IP packet of 64 KiB and its
+/// Ethernet header: the kernel keeps a super-frame within the TAP's 64 KiB GSO limit,
+/// IPv6 too), and the largest frame the [`Coalescer`] joins.
 pub const MAX_SUPER_FRAME: usize = 14 + 65_535;
 
 const ETH: usize = 14;
 const TCP: u8 = 6;
+/// Length of the fixed IPv6 header.
+const IP6: usize = super::ipv6::HEADER_LEN;
+/// IPv6 next-header values of extension headers (RFC 8200 §4, RFC 7045): a super-frame
+/// with any is not cut (TCP behind them is not looked for).
+const IP6_EXT: [u8; 9] = [0, 43, 44, 50, 51, 60, 135, 139, 140];
 const TCP_FIN: u8 = 0x01;
 const TCP_PSH: u8 = 0x08;
 const TCP_CWR: u8 = 0x80;
@@ -107,10 +116,12 @@ pub fn finish_checksum(frame: &mut [u8], start: usize, offset: usize) -> Result<
     Ok(())
 }
 
-/// How a TCP/IPv4 super-frame is cut.
+/// How a TCP super-frame (over IPv4 or IPv6) is cut.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Plan {
-    /// IPv4 header length.
+    /// Whether it is TCP/IPv6 (`GSO_TCPV6`); otherwise TCP/IPv4.
+    pub ipv6: bool,
+    /// IP header length: IPv4's with its options, or IPv6's fixed 40 bytes.
     pub ip_hl: usize,
     /// TCP header length.
     pub tcp_hl: usize,
@@ -125,7 +136,7 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Ethernet, IPv4 and TCP headers.
+    /// Ethernet, IP and TCP headers.
     pub fn headers(&self) -> usize {
         ETH + self.ip_hl + self.tcp_hl
     }
@@ -137,26 +148,78 @@ impl Plan {
     }
 }
 
-/// Check a TSO super-frame (Ethernet + IPv4 + TCP + payload) and plan its segments.
+/// The ones' complement sum of the pseudo-header addresses of the IPv4 or (`ipv6`) IPv6
+/// packet behind the Ethernet header of `f`.
+fn addr_sum(f: &[u8], ipv6: bool) -> u64 {
+    if ipv6 {
+        sum(&f[ETH + 8..ETH + IP6], 0)
+    } else {
+        sum(&f[ETH + 12..ETH + 20], 0)
+    }
+}
+
+/// Check a TSO super-frame (Ethernet + IPv4 or IPv6 + TCP + payload) against its header's
+/// `gso_type` (`GSO_TCPV4` or `GSO_TCPV6`, with or without `GSO_ECN`) and plan its
+/// segments. The frame's length is the packet's (its IP length field is not read: each
+/// segment gets its own). An IPv6 super-frame with extension headers is refused.
 pub fn plan(frame: &[u8], hdr: &VnetHdr) -> Result<Plan, WireError> {
-    if frame.len() < ETH + 20 {
+    let ipv6 = match hdr.gso_type & !GSO_ECN {
+        GSO_TCPV4 => false,
+        GSO_TCPV6 => true,
+        _ => {
+            return Err(WireError::BadOffload(
+                "a segmentation type other than TCP/IPv4 or TCP/IPv6",
+            ));
+        }
+    };
+    let min = ETH + if ipv6 { IP6 } else { 20 };
+    if frame.len() < min {
         return Err(WireError::Truncated {
             what: "TSO frame",
-            need: ETH + 20,
+            need: min,
             got: frame.len(),
         });
     }
-    if u16::from_be_bytes([frame[12], frame[13]]) != ETHERTYPE_IPV4 {
-        return Err(WireError::BadOffload("TSO frame is not IPv4"));
-    }
+    let ethertype = u16::from_be_bytes([frame[12], frame[13]]);
     let ip = &frame[ETH..];
-    if ip[0] >> 4 != 4 {
-        return Err(WireError::BadOffload("TSO frame is not IPv4"));
-    }
-    let ip_hl = usize::from(ip[0] & 0x0f) * 4;
-    if ip_hl < 20 || ip[9] != TCP {
-        return Err(WireError::BadOffload("TSO frame is not TCP"));
-    }
+    let ip_hl = match (ipv6, ethertype) {
+        (false, ETHERTYPE_IPV4) => {
+            if ip[0] >> 4 != 4 {
+                return Err(WireError::BadOffload("TSO frame is not IPv4"));
+            }
+            let ip_hl = usize::from(ip[0] & 0x0f) * 4;
+            if ip_hl < 20 || ip[9] != TCP {
+                return Err(WireError::BadOffload("TSO frame is not TCP"));
+            }
+            ip_hl
+        }
+        (true, ETHERTYPE_IPV6) => {
+            if ip[0] >> 4 != 6 {
+                return Err(WireError::BadOffload("TSO frame is not IPv6"));
+            }
+            if IP6_EXT.contains(&ip[6]) {
+                return Err(WireError::BadOffload(
+                    "TSO frame has IPv6 extension headers (only TCP right behind the IPv6 header is cut)",
+                ));
+            }
+            if ip[6] != TCP {
+                return Err(WireError::BadOffload("TSO frame is not TCP"));
+            }
+            IP6
+        }
+        (false, ETHERTYPE_IPV6) => {
+            return Err(WireError::BadOffload(
+                "TSO frame is IPv6 but its gso_type is TCP/IPv4",
+            ));
+        }
+        (true, ETHERTYPE_IPV4) => {
+            return Err(WireError::BadOffload(
+                "TSO frame is IPv4 but its gso_type is TCP/IPv6",
+            ));
+        }
+        (false, _) => return Err(WireError::BadOffload("TSO frame is not IPv4")),
+        (true, _) => return Err(WireError::BadOffload("TSO frame is not IPv6")),
+    };
     if ip.len() < ip_hl + 20 {
         return Err(WireError::Truncated {
             what: "TSO frame",
@@ -173,7 +236,15 @@ pub fn plan(frame: &[u8], hdr: &VnetHdr) -> Result<Plan, WireError> {
         return Err(WireError::BadOffload("TSO frame with gso_size 0"));
     }
     let payload = ip.len() - ip_hl - tcp_hl;
+    // The IPv4 total length or the IPv6 payload length of the largest segment.
+    let largest = tcp_hl + mss.min(payload) + if ipv6 { 0 } else { ip_hl };
+    if largest > usize::from(u16::MAX) {
+        return Err(WireError::BadOffload(
+            "TSO frame's segments would be longer than an IP length field holds",
+        ));
+    }
     Ok(Plan {
+        ipv6,
         ip_hl,
         tcp_hl,
         mss,
@@ -184,8 +255,9 @@ pub fn plan(frame: &[u8], hdr: &VnetHdr) -> Result<Plan, WireError> {
 }
 
 /// Write segment `i` of the super-frame `frame` (planned by [`plan`]) to `out`, with
-/// its own IPv4 total length, id and checksum, TCP sequence number, flags (FIN and PSH
-/// on the last segment only, CWR on the first only) and TCP checksum. Returns its length.
+/// its own IPv4 total length, id and checksum (or IPv6 payload length), TCP sequence
+/// number, flags (FIN and PSH on the last segment only, CWR on the first only) and TCP
+/// checksum (over the IPv4 or IPv6 pseudo-header). Returns its length.
 pub fn segment(frame: &[u8], p: &Plan, i: usize, out: &mut [u8]) -> Result<usize, WireError> {
     let len = p.segment_len(i);
     if i >= p.segments {
@@ -204,15 +276,21 @@ pub fn segment(frame: &[u8], p: &Plan, i: usize, out: &mut [u8]) -> Result<usize
     out[..h].copy_from_slice(&frame[..h]);
     out[h..len].copy_from_slice(&frame[h + start..h + start + seg]);
 
-    // IPv4: total length, id, checksum.
     let ip = &mut out[ETH..ETH + p.ip_hl];
-    let total = (p.ip_hl + p.tcp_hl + seg) as u16;
-    ip[2..4].copy_from_slice(&total.to_be_bytes());
-    let id = u16::from_be_bytes([ip[4], ip[5]]).wrapping_add(i as u16);
-    ip[4..6].copy_from_slice(&id.to_be_bytes());
-    ip[10..12].copy_from_slice(&[0, 0]);
-    let c = ipv4::checksum(ip);
-    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    if p.ipv6 {
+        // IPv6: the payload length (no id, no header checksum).
+        let payload_len = (p.tcp_hl + seg) as u16;
+        ip[4..6].copy_from_slice(&payload_len.to_be_bytes());
+    } else {
+        // IPv4: total length, id, checksum.
+        let total = (p.ip_hl + p.tcp_hl + seg) as u16;
+        ip[2..4].copy_from_slice(&total.to_be_bytes());
+        let id = u16::from_be_bytes([ip[4], ip[5]]).wrapping_add(i as u16);
+        ip[4..6].copy_from_slice(&id.to_be_bytes());
+        ip[10..12].copy_from_slice(&[0, 0]);
+        let c = ipv4::checksum(ip);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+    }
 
     // TCP: sequence number, flags, checksum.
     let t0 = ETH + p.ip_hl;
@@ -226,10 +304,8 @@ pub fn segment(frame: &[u8], p: &Plan, i: usize, out: &mut [u8]) -> Result<usize
         tcp[13] &= !TCP_CWR;
     }
     tcp[16..18].copy_from_slice(&[0, 0]);
-    let ip = &out[ETH..ETH + p.ip_hl];
-    let tcp_len = (p.tcp_hl + seg) as u16;
-    let mut s = sum(&ip[12..20], 0);
-    s += u64::from(TCP) + u64::from(tcp_len);
+    let tcp_len = (p.tcp_hl + seg) as u64;
+    let mut s = addr_sum(out, p.ipv6) + u64::from(TCP) + tcp_len;
     s = sum(&out[t0..len], s);
     let c = !fold(s);
     out[t0 + 16..t0 + 18].copy_from_slice(&c.to_be_bytes());
@@ -259,10 +335,14 @@ const TCP_ECE: u8 = 0x40;
 /// IPv4 header bytes that must match for two segments to join (all but total length,
 /// id and checksum), as ranges.
 const IP_SAME: [std::ops::Range<usize>; 3] = [0..2, 6..10, 12..20];
+/// IPv6 header bytes that must match for two segments to join (all but the payload
+/// length: version, traffic class, flow label; next header, hop limit, addresses).
+const IP6_SAME: [std::ops::Range<usize>; 2] = [0..4, 6..40];
 
 /// Receive-side coalescing (what the kernel's GRO does): consecutive, full-sized TCP
-/// segments of one IPv4 flow with identical headers (options included) and valid
-/// checksums are joined into one super-frame of up to 64 KiB, written to the TAP with a
+/// segments of one TCP flow over IPv4 or IPv6 with identical headers (TCP options
+/// included) and valid checksums are joined into one super-frame of up to 64 KiB
+/// (`GSO_TCPV4` or `GSO_TCPV6`; never across the two), written to the TAP with a
 /// `virtio_net_hdr` that describes its segments and a partial checksum, so the kernel's
 /// TCP takes them in one go. Anything else, or a segment that does not follow, is
 /// written on its own (after what is pending, so order is kept) with an empty header:
@@ -274,6 +354,8 @@ pub struct Coalescer {
     len: usize,
     /// Received segments in it.
     segs: usize,
+    /// IP header length of the pending frame: 20 (IPv4, no options) or 40 (IPv6).
+    ip_hl: usize,
     /// TCP header length of the pending frame.
     tcp_hl: usize,
     /// Payload of its first segment (the segment size).
@@ -292,22 +374,50 @@ impl Default for Coalescer {
     }
 }
 
-/// A TCP/IPv4 segment that may join: its TCP header length, payload, sequence number.
-fn candidate(f: &[u8]) -> Option<(usize, usize, u32)> {
-    if f.len() < ETH + 40 || u16::from_be_bytes([f[12], f[13]]) != ETHERTYPE_IPV4 {
+/// What a segment that may join is: its IP header length (20: IPv4, 40: IPv6), TCP
+/// header length, payload and sequence number.
+#[derive(Clone, Copy)]
+struct Candidate {
+    ip_hl: usize,
+    tcp_hl: usize,
+    payload: usize,
+    seq: u32,
+}
+
+/// A TCP segment over IPv4 (no options, DF, not a fragment, valid header checksum) or
+/// IPv6 (no extension headers), exactly the frame's length, with ACK and payload, none of
+/// SYN, FIN, RST, URG, ECE, CWR, and a valid TCP checksum.
+fn candidate(f: &[u8]) -> Option<Candidate> {
+    if f.len() < ETH + 40 {
         return None;
     }
     let ip = &f[ETH..];
-    // No IPv4 options, exactly the frame's length, DF, not a fragment, TCP.
-    if ip[0] != 0x45
-        || usize::from(u16::from_be_bytes([ip[2], ip[3]])) != ip.len()
-        || ip[6] & 0x7f != 0x40
-        || ip[7] != 0
-        || ip[9] != TCP
-    {
-        return None;
-    }
-    let t = &ip[20..];
+    let ip_hl = match u16::from_be_bytes([f[12], f[13]]) {
+        ETHERTYPE_IPV4 => {
+            if ip[0] != 0x45
+                || usize::from(u16::from_be_bytes([ip[2], ip[3]])) != ip.len()
+                || ip[6] & 0x7f != 0x40
+                || ip[7] != 0
+                || ip[9] != TCP
+                || ipv4::checksum(&ip[..20]) != 0
+            {
+                return None;
+            }
+            20
+        }
+        ETHERTYPE_IPV6 => {
+            if ip.len() < IP6 + 20
+                || ip[0] >> 4 != 6
+                || usize::from(u16::from_be_bytes([ip[4], ip[5]])) != ip.len() - IP6
+                || ip[6] != TCP
+            {
+                return None;
+            }
+            IP6
+        }
+        _ => return None,
+    };
+    let t = &ip[ip_hl..];
     let tcp_hl = usize::from(t[12] >> 4) * 4;
     if tcp_hl < 20 || t.len() <= tcp_hl {
         return None;
@@ -316,18 +426,16 @@ fn candidate(f: &[u8]) -> Option<(usize, usize, u32)> {
     if fl & (TCP_SYN | TCP_FIN | TCP_RST | TCP_URG | TCP_ECE | TCP_CWR) != 0 || fl & TCP_ACK == 0 {
         return None;
     }
-    if ipv4::checksum(&ip[..20]) != 0 {
-        return None;
-    }
-    let s = sum(&ip[12..20], u64::from(TCP) + t.len() as u64);
+    let s = addr_sum(f, ip_hl == IP6) + u64::from(TCP) + t.len() as u64;
     if fold(sum(t, s)) != 0xffff {
         return None;
     }
-    Some((
+    Some(Candidate {
+        ip_hl,
         tcp_hl,
-        t.len() - tcp_hl,
-        u32::from_be_bytes([t[4], t[5], t[6], t[7]]),
-    ))
+        payload: t.len() - tcp_hl,
+        seq: u32::from_be_bytes([t[4], t[5], t[6], t[7]]),
+    })
 }
 
 impl Coalescer {
@@ -337,6 +445,7 @@ impl Coalescer {
             buf: vec![0; MAX_SUPER_FRAME],
             len: 0,
             segs: 0,
+            ip_hl: 0,
             tcp_hl: 0,
             mss: 0,
             next_seq: 0,
@@ -350,17 +459,24 @@ impl Coalescer {
         self.segs
     }
 
-    /// Whether segment `f` (a candidate) continues the pending frame.
-    fn follows(&self, f: &[u8], tcp_hl: usize, payload: usize, seq: u32) -> bool {
-        if self.segs == 0 || self.closed || tcp_hl != self.tcp_hl || seq != self.next_seq {
+    /// Whether segment `f` (candidate `c`) continues the pending frame.
+    fn follows(&self, f: &[u8], c: Candidate) -> bool {
+        if self.segs == 0
+            || self.closed
+            || c.ip_hl != self.ip_hl
+            || c.tcp_hl != self.tcp_hl
+            || c.seq != self.next_seq
+        {
             return false;
         }
-        if payload > self.mss || self.len + payload > MAX_SUPER_FRAME {
+        if c.payload > self.mss || self.len + c.payload > MAX_SUPER_FRAME {
             return false;
         }
-        let (p, t0) = (&self.buf[..self.len], ETH + 20);
+        let (p, t0, tcp_hl) = (&self.buf[..self.len], ETH + c.ip_hl, c.tcp_hl);
+        let same: &[std::ops::Range<usize>] = if c.ip_hl == IP6 { &IP6_SAME } else { &IP_SAME };
+        // The EtherType is in the Ethernet header: one family.
         f[..ETH] == p[..ETH]
-            && IP_SAME.iter().all(|r| f[ETH + r.start..ETH + r.end] == p[ETH + r.start..ETH + r.end])
+            && same.iter().all(|r| f[ETH + r.start..ETH + r.end] == p[ETH + r.start..ETH + r.end])
             // Ports; then acknowledgement, data offset, flags but PSH, window; then the
             // urgent pointer and every option.
             && f[t0..t0 + 4] == p[t0..t0 + 4]
@@ -372,11 +488,12 @@ impl Coalescer {
 
     /// Take one received frame.
     pub fn push(&mut self, f: &[u8], sink: &mut dyn FrameSink) -> Result<(), Lost> {
-        let Some((tcp_hl, payload, seq)) = candidate(f) else {
+        let Some(c) = candidate(f) else {
             self.flush(sink)?;
             return write_one(f, sink);
         };
-        if !self.follows(f, tcp_hl, payload, seq) {
+        let (payload, flags) = (c.payload, ETH + c.ip_hl + 13);
+        if !self.follows(f, c) {
             self.flush(sink)?;
             if f.len() > self.buf.len() {
                 return write_one(f, sink);
@@ -384,19 +501,20 @@ impl Coalescer {
             self.buf[..f.len()].copy_from_slice(f);
             self.len = f.len();
             self.segs = 1;
-            self.tcp_hl = tcp_hl;
+            self.ip_hl = c.ip_hl;
+            self.tcp_hl = c.tcp_hl;
             self.mss = payload;
-            self.next_seq = seq.wrapping_add(payload as u32);
-            self.closed = f[ETH + 20 + 13] & TCP_PSH != 0;
+            self.next_seq = c.seq.wrapping_add(payload as u32);
+            self.closed = f[flags] & TCP_PSH != 0;
             return Ok(());
         }
-        let h = ETH + 20 + tcp_hl;
+        let h = ETH + c.ip_hl + c.tcp_hl;
         self.buf[self.len..self.len + payload].copy_from_slice(&f[h..]);
         self.len += payload;
         self.segs += 1;
         self.next_seq = self.next_seq.wrapping_add(payload as u32);
-        if f[ETH + 20 + 13] & TCP_PSH != 0 {
-            self.buf[ETH + 20 + 13] |= TCP_PSH;
+        if f[flags] & TCP_PSH != 0 {
+            self.buf[flags] |= TCP_PSH;
             self.closed = true;
         }
         if payload < self.mss {
@@ -416,22 +534,29 @@ impl Coalescer {
         if segs == 1 {
             return write_one(&self.buf[..len], sink);
         }
-        // IPv4: the joined length and a new header checksum.
         let f = &mut self.buf[..len];
-        let ip_len = (len - ETH) as u16;
-        f[ETH + 2..ETH + 4].copy_from_slice(&ip_len.to_be_bytes());
-        f[ETH + 10..ETH + 12].copy_from_slice(&[0, 0]);
-        let c = ipv4::checksum(&f[ETH..ETH + 20]);
-        f[ETH + 10..ETH + 12].copy_from_slice(&c.to_be_bytes());
+        let ipv6 = self.ip_hl == IP6;
+        if ipv6 {
+            // IPv6: the joined payload length.
+            let payload_len = (len - ETH - IP6) as u16;
+            f[ETH + 4..ETH + 6].copy_from_slice(&payload_len.to_be_bytes());
+        } else {
+            // IPv4: the joined length and a new header checksum.
+            let ip_len = (len - ETH) as u16;
+            f[ETH + 2..ETH + 4].copy_from_slice(&ip_len.to_be_bytes());
+            f[ETH + 10..ETH + 12].copy_from_slice(&[0, 0]);
+            let c = ipv4::checksum(&f[ETH..ETH + 20]);
+            f[ETH + 10..ETH + 12].copy_from_slice(&c.to_be_bytes());
+        }
         // TCP: a partial checksum (the pseudo-header sum), as the kernel's GRO leaves it;
         // every segment's own checksum was verified before it joined.
-        let t0 = ETH + 20;
+        let t0 = ETH + self.ip_hl;
         let tcp_len = (len - t0) as u64;
-        let ps = fold(sum(&f[ETH + 12..ETH + 20], u64::from(TCP) + tcp_len));
+        let ps = fold(addr_sum(f, ipv6) + u64::from(TCP) + tcp_len);
         f[t0 + 16..t0 + 18].copy_from_slice(&ps.to_be_bytes());
         let hdr = VnetHdr {
             flags: F_NEEDS_CSUM,
-            gso_type: GSO_TCPV4,
+            gso_type: if ipv6 { GSO_TCPV6 } else { GSO_TCPV4 },
             hdr_len: (t0 + self.tcp_hl) as u16,
             gso_size: self.mss as u16,
             csum_start: t0 as u16,
@@ -457,9 +582,9 @@ fn write_one(f: &[u8], sink: &mut dyn FrameSink) -> Result<(), Lost> {
 /// The cut side of a TAP opened with offloads. One read of the TAP (a `virtio_net_hdr`
 /// and a frame) goes into [`Segmenter::read_buf`] and is taken with
 /// [`Segmenter::take`]: a frame that is not a super-frame comes out whole (its partial
-/// checksum completed); a TCP/IPv4 super-frame is planned and comes out one segment per
-/// call, the first from `take`, the others from [`Segmenter::next_segment`], which the
-/// caller asks before reading the TAP again.
+/// checksum completed); a TCP super-frame (IPv4 or IPv6) is planned and comes out one
+/// segment per call, the first from `take`, the others from
+/// [`Segmenter::next_segment`], which the caller asks before reading the TAP again.
 pub struct Segmenter {
     buf: Vec<u8>,
     /// Bytes of the last read that was planned as a super-frame.
@@ -532,7 +657,8 @@ impl Segmenter {
     /// Take the `n` bytes a read left in [`Segmenter::read_buf`] and write the frame it
     /// holds (or the first segment of its super-frame) to `out`. A header that does not
     /// parse, a checksum position outside the frame, a segmentation type other than
-    /// TCP/IPv4 or a frame longer than `out` is an error and hands out nothing.
+    /// TCP/IPv4 and TCP/IPv6, one that does not match the frame, or a frame longer than
+    /// `out` is an error and hands out nothing.
     pub fn take(&mut self, n: usize, out: &mut [u8]) -> Result<Taken, WireError> {
         self.plan = None;
         let n = n.min(self.buf.len());
@@ -553,7 +679,7 @@ impl Segmenter {
                 dst.copy_from_slice(frame);
                 Ok(Taken::Frame(frame.len()))
             }
-            GSO_TCPV4 => {
+            GSO_TCPV4 | GSO_TCPV6 => {
                 let p = plan(frame, &hdr)?;
                 self.len = n;
                 let first = segment(self.super_frame(), &p, 0, out);
@@ -563,7 +689,7 @@ impl Segmenter {
                 Ok(Taken::Cut { plan: p, first })
             }
             _ => Err(WireError::BadOffload(
-                "a segmentation type other than TCP/IPv4",
+                "a segmentation type other than TCP/IPv4 or TCP/IPv6",
             )),
         }
     }
