@@ -486,17 +486,19 @@ impl Coalescer {
             && f[t0 + 18..t0 + tcp_hl] == p[t0 + 18..t0 + tcp_hl]
     }
 
-    /// Take one received frame.
+    /// Take one received frame. What is pending is written first when `f` does not
+    /// join it; if that write fails, `f` is still written (or held), and the error
+    /// counts every frame lost, the pending ones and `f` if its own write failed too.
     pub fn push(&mut self, f: &[u8], sink: &mut dyn FrameSink) -> Result<(), Lost> {
         let Some(c) = candidate(f) else {
-            self.flush(sink)?;
-            return write_one(f, sink);
+            let flushed = self.flush(sink);
+            return both(flushed, write_one(f, sink));
         };
         let (payload, flags) = (c.payload, ETH + c.ip_hl + 13);
         if !self.follows(f, c) {
-            self.flush(sink)?;
+            let flushed = self.flush(sink);
             if f.len() > self.buf.len() {
-                return write_one(f, sink);
+                return both(flushed, write_one(f, sink));
             }
             self.buf[..f.len()].copy_from_slice(f);
             self.len = f.len();
@@ -506,7 +508,7 @@ impl Coalescer {
             self.mss = payload;
             self.next_seq = c.seq.wrapping_add(payload as u32);
             self.closed = f[flags] & TCP_PSH != 0;
-            return Ok(());
+            return flushed;
         }
         let h = ETH + c.ip_hl + c.tcp_hl;
         self.buf[self.len..self.len + payload].copy_from_slice(&f[h..]);
@@ -571,6 +573,17 @@ impl Coalescer {
         self.coalesced.0 += 1;
         self.coalesced.1 += segs as u64;
         Ok(())
+    }
+}
+
+/// Two writes' outcomes as one: the frames both lost, the first error.
+fn both(a: Result<(), Lost>, b: Result<(), Lost>) -> Result<(), Lost> {
+    match (a, b) {
+        (Ok(()), r) | (r, Ok(())) => r,
+        (Err(a), Err(b)) => Err(Lost {
+            frames: a.frames + b.frames,
+            error: a.error,
+        }),
     }
 }
 

@@ -322,6 +322,57 @@ fn a_failed_write_reports_every_frame_in_it() {
     assert_eq!(lost.frames, 1);
 }
 
+/// A frame that does not join what is pending is not lost with it when writing the
+/// pending frames fails: it is written (or held), and the loss counts what was lost.
+#[test]
+fn a_failed_flush_does_not_take_the_next_frame_with_it() {
+    /// Fails its first write only.
+    #[derive(Default)]
+    struct FailOnce {
+        failed: bool,
+        out: Vec<Vec<u8>>,
+    }
+    impl FrameSink for FailOnce {
+        fn write(&mut self, _: &[u8; VNET_HDR_LEN], frame: &[u8]) -> std::io::Result<()> {
+            if !self.failed {
+                self.failed = true;
+                return Err(std::io::Error::other("queue full"));
+            }
+            self.out.push(frame.to_vec());
+            Ok(())
+        }
+    }
+    let segs = segments(&[5u8; 6000], 2000, 0x10);
+    // A frame that is no candidate (not TCP): written at once after the failed flush.
+    let mut c = Coalescer::new();
+    let mut sink = FailOnce::default();
+    c.push(&segs[0], &mut sink).unwrap();
+    let other = [0u8; 60];
+    let lost = c.push(&other, &mut sink).unwrap_err();
+    assert_eq!(lost.frames, 1, "the pending segment, not the new frame");
+    assert_eq!(sink.out, vec![other.to_vec()], "the new frame was written");
+    // A segment of another flow: held after the failed flush, written by the next one.
+    let mut c = Coalescer::new();
+    let mut sink = FailOnce::default();
+    c.push(&segs[0], &mut sink).unwrap();
+    let mut other_flow = segs[1].clone();
+    other_flow[14 + 20 + 1] ^= 1; // another source port
+    let t0 = 14 + 20;
+    other_flow[t0 + 16..t0 + 18].fill(0);
+    let c16 = {
+        let ip = &other_flow[14..34];
+        let mut s = ipv4::ones_sum(&ip[12..20], 6 + (other_flow.len() - t0) as u64);
+        s = ipv4::ones_sum(&other_flow[t0..], s);
+        !ipv4::fold(s)
+    };
+    other_flow[t0 + 16..t0 + 18].copy_from_slice(&c16.to_be_bytes());
+    let lost = c.push(&other_flow, &mut sink).unwrap_err();
+    assert_eq!(lost.frames, 1);
+    assert_eq!(c.pending(), 1, "the new segment is held");
+    c.flush(&mut sink).unwrap();
+    assert_eq!(sink.out, vec![other_flow]);
+}
+
 /// One TAP read into `s`: `hdr` and `frame`.
 fn read_into(s: &mut Segmenter, hdr: &VnetHdr, frame: &[u8]) -> usize {
     let mut h = [0u8; VNET_HDR_LEN];
