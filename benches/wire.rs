@@ -34,7 +34,7 @@ use uipoib::wire::eth::{self, Mac, mac_for_gid};
 use uipoib::wire::ipoib::{self, IpoibAddr};
 use uipoib::wire::ipv4::Ipv4Cidr;
 use uipoib::wire::offload::{self, FrameSink, Joiner, Segmenter, Taken, VNET_HDR_LEN, VnetHdr};
-use uipoib::wire::translate::{self, Local, RecvMeta, RxVerdict};
+use uipoib::wire::translate::{self, Addrs6, Local, RecvMeta, RxVerdict};
 use uipoib::wire::{ETHERTYPE_IPV4, grh, ipv4};
 
 /// An IPv4 packet of `len` bytes (198.18.1.1 -> 198.18.1.2, TCP, no DF), zeros after
@@ -97,6 +97,7 @@ fn bench_codecs(c: &mut Criterion) {
             addr: a_ip,
             prefix: 24,
         },
+        addr6: Addrs6::new(mac_for_gid(&sgid), &[]),
     };
     let b_local = Local {
         hw: IpoibAddr::new(18, dgid),
@@ -105,6 +106,7 @@ fn bench_codecs(c: &mut Criterion) {
             addr: b_ip,
             prefix: 24,
         },
+        addr6: Addrs6::new(mac_for_gid(&dgid), &[]),
     };
     let b_hw = b_local.hw;
     let table = |mac: &Mac| (*mac == b_local.mac).then_some(b_hw);

@@ -111,12 +111,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Mac([0x02, 0, 198, 18, 3, 1]),
         args.mtu,
         addr_a,
+        &[],
         Some(&args.netns_a),
     )?;
     b.configure(
         Mac([0x02, 0, 198, 18, 3, 2]),
         args.mtu,
         addr_b,
+        &[],
         Some(&args.netns_b),
     )?;
     println!(

@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgAction, Args, Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 use uipoib::iface::stats::Snapshot;
-use uipoib::runtime::config::{Config, ConfigError, ConfigKeys};
+use uipoib::runtime::config::{AddrList, Config, ConfigError, ConfigKeys};
 use uipoib::runtime::control;
 use uipoib::runtime::daemon::{self, Launch};
 use uipoib::runtime::supervisor::Status;
@@ -91,9 +91,12 @@ struct UpArgs {
     /// TAP device name to create.
     #[arg(long)]
     tap: Option<String>,
-    /// Interface address with prefix, e.g. 198.18.1.1/24.
-    #[arg(long)]
-    addr: Option<String>,
+    /// Interface address with prefix, IPv4 or IPv6; repeat the flag for more: exactly one
+    /// IPv4 (e.g. 198.18.1.1/24) and up to 8 IPv6 (e.g. 2001:2:0:1::1/64; the link-local
+    /// one comes from the TAP's MAC). Given here, these replace the config file's `addr`
+    /// list entirely.
+    #[arg(long, value_name = "ADDR/PREFIX", action = ArgAction::Append)]
+    addr: Vec<String>,
     /// TOML config file; flags given on the command line win.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -372,12 +375,13 @@ struct SimPairArgs {
     /// Second TAP name.
     #[arg(long, default_value = "uipb")]
     tap_b: String,
-    /// First address.
-    #[arg(long, default_value = "198.18.2.1/24")]
-    addr_a: String,
-    /// Second address.
-    #[arg(long, default_value = "198.18.2.2/24")]
-    addr_b: String,
+    /// First interface's address with prefix; repeat for more (one IPv4, up to 8 IPv6),
+    /// as `up --addr`. Given, these replace the default.
+    #[arg(long, default_value = "198.18.2.1/24", action = ArgAction::Append)]
+    addr_a: Vec<String>,
+    /// Second interface's address(es), as `--addr-a`.
+    #[arg(long, default_value = "198.18.2.2/24", action = ArgAction::Append)]
+    addr_b: Vec<String>,
     /// Control socket of the first interface (default /run/uipoib/<tap-a>.sock).
     #[arg(long)]
     control_a: Option<PathBuf>,
@@ -431,7 +435,7 @@ fn up_config(a: &UpArgs) -> Result<Config, ConfigError> {
     let flags = ConfigKeys {
         device: a.device.clone(),
         tap: a.tap.clone(),
-        addr: a.addr.clone(),
+        addr: (!a.addr.is_empty()).then(|| AddrList(a.addr.clone())),
         port: a.port,
         gid_index: a.gid_index,
         control: a.control.clone(),
@@ -636,7 +640,10 @@ fn status_text(s: &Status) -> String {
     if let Some(why) = &s.dead_reason {
         let _ = writeln!(t, "dead      {why}");
     }
-    let _ = writeln!(t, "tap       {} ({})", s.tap, s.addr);
+    let addrs: Vec<&str> = std::iter::once(s.addr.as_str())
+        .chain(s.addr6.iter().map(String::as_str))
+        .collect();
+    let _ = writeln!(t, "tap       {} ({})", s.tap, addrs.join(", "));
     let _ = writeln!(t, "device    {}", s.device);
     let _ = writeln!(t, "qpn       {}", s.qpn);
     let _ = writeln!(t, "gid       {}", s.gid);
@@ -703,7 +710,7 @@ fn sim_pair(a: SimPairArgs) -> ExitCode {
         let f = ConfigKeys {
             device: Some(dev.into()),
             tap: Some(tap.clone()),
-            addr: Some(addr.clone()),
+            addr: Some(AddrList(addr.clone())),
             control: control.clone(),
             allow_faults: Some(a.allow_faults),
             ..Default::default()
@@ -729,5 +736,110 @@ fn sim_pair(a: SimPairArgs) -> ExitCode {
             eprintln!("uipoib: {e}");
             ExitCode::from(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn up_args(args: &[&str]) -> UpArgs {
+        let cli = Cli::try_parse_from(["uipoib", "up"].iter().chain(args)).unwrap();
+        match cli.cmd {
+            Cmd::Up(a) => a,
+            _ => unreachable!("parsed as `up`"),
+        }
+    }
+
+    fn addrs(c: &Config) -> Vec<String> {
+        std::iter::once(c.addr.to_string())
+            .chain(c.addr6.iter().map(|a| a.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn up_takes_addr_more_than_once() {
+        let a = up_args(&[
+            "--device",
+            "rxe0",
+            "--tap",
+            "uip0",
+            "--addr",
+            "198.18.1.1/24",
+            "--addr",
+            "2001:2:0:1::1/64",
+        ]);
+        let c = up_config(&a).unwrap();
+        assert_eq!(addrs(&c), ["198.18.1.1/24", "2001:2:0:1::1/64"]);
+        let e = up_config(&up_args(&[
+            "--device",
+            "rxe0",
+            "--tap",
+            "uip0",
+            "--addr",
+            "2001:2:0:1::1/64",
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("invalid addr") && e.contains("IPv4 address is required"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn command_line_addrs_replace_the_config_files() {
+        let dir = std::env::temp_dir().join(format!("uipoib-main-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("up.toml");
+        std::fs::write(
+            &file,
+            "[interface]\ndevice = \"rxe0\"\ntap = \"uip0\"\n\
+             addr = [\"198.18.5.1/24\", \"2001:2:0:5::1/64\"]\n",
+        )
+        .unwrap();
+        let f = file.to_str().unwrap();
+        let c = up_config(&up_args(&["--config", f])).unwrap();
+        assert_eq!(addrs(&c), ["198.18.5.1/24", "2001:2:0:5::1/64"]);
+        let c = up_config(&up_args(&["--config", f, "--addr", "198.18.1.1/24"])).unwrap();
+        assert_eq!(addrs(&c), ["198.18.1.1/24"]);
+        let c = up_config(&up_args(&[
+            "--config",
+            f,
+            "--addr",
+            "2001:2:0:1::1/64",
+            "--addr",
+            "198.18.1.1/24",
+        ]))
+        .unwrap();
+        assert_eq!(addrs(&c), ["198.18.1.1/24", "2001:2:0:1::1/64"]);
+        let _ = std::fs::remove_dir_all(&dir);
+        // The help says so.
+        let help = Cli::try_parse_from(["uipoib", "up", "--help"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(help.contains("replace the config file's"), "{help}");
+    }
+
+    #[test]
+    fn status_lists_every_address() {
+        let s = Status {
+            tap: "uip0".into(),
+            addr: "198.18.1.1/24".into(),
+            addr6: vec!["2001:2:0:1::1/64".into(), "2001:2:0:2::1/64".into()],
+            ..Default::default()
+        };
+        assert!(
+            status_text(&s)
+                .contains("tap       uip0 (198.18.1.1/24, 2001:2:0:1::1/64, 2001:2:0:2::1/64)\n"),
+            "{}",
+            status_text(&s)
+        );
+        let s = Status {
+            addr6: Vec::new(),
+            ..s
+        };
+        assert!(status_text(&s).contains("tap       uip0 (198.18.1.1/24)\n"));
     }
 }

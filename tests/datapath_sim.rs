@@ -105,7 +105,7 @@ fn tap_garbage_is_counted_by_reason() {
         ),
         (
             eth_frame(Mac::BROADCAST, a.mac(), 0x86DD, &[0x60; 60]),
-            DropReason::TxIpv6,
+            DropReason::TxBadIpv6,
         ),
         (
             eth_frame(Mac::BROADCAST, a.mac(), 0x88CC, &[0; 60]),
@@ -221,10 +221,7 @@ fn wire_garbage_from_a_peer_is_counted_never_forwarded() {
     let cases: Vec<(Vec<u8>, DropReason)> = vec![
         (vec![0x08], DropReason::RxShort),
         (vec![0x08, 0x00, 0x12, 0x34, 0x45], DropReason::RxBadHeader),
-        (
-            vec![0x86, 0xDD, 0, 0, 0x60, 0, 0, 0],
-            DropReason::RxUnsupported,
-        ),
+        (vec![0x86, 0xDD, 0, 0, 0x60, 0, 0, 0], DropReason::RxBadIpv6),
         (vec![0x08, 0x06, 0, 0, 0, 1, 8, 0], DropReason::RxBadArp),
         (vec![0x08, 0x00, 0, 0, 0x45, 0, 0, 0], DropReason::RxBadIpv4),
         (vec![0x12, 0x34, 0, 0], DropReason::RxUnsupported),

@@ -57,8 +57,9 @@ const RESTART_DROPS: [DropReason; 2] = [DropReason::TxFlushed, DropReason::TxRea
 
 /// Drops a corrupted receive may cause (the codecs reject it, or a flipped byte in an
 /// ARP's sender makes it claim a source it did not come from, or an address outside the
-/// subnet).
-const CORRUPT_DROPS: [DropReason; 8] = [
+/// subnet; or, with its EtherType turned into IPv6's, the IPv6 and neighbour discovery
+/// checks).
+const CORRUPT_DROPS: [DropReason; 12] = [
     DropReason::RxShort,
     DropReason::RxBadGrh,
     DropReason::RxBadHeader,
@@ -67,6 +68,10 @@ const CORRUPT_DROPS: [DropReason; 8] = [
     DropReason::RxUnsupported,
     DropReason::RxArpSpoofed,
     DropReason::RxArpOffSubnet,
+    DropReason::RxBadIpv6,
+    DropReason::RxBadNd,
+    DropReason::RxNdSpoofed,
+    DropReason::RxNdOffLink,
 ];
 
 fn drops_only(s: &Snapshot, allowed: &[DropReason], what: &str) {

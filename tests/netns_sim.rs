@@ -608,3 +608,253 @@ fn sim_pair_leaves_a_file_at_its_control_path_alone() {
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "not a socket\n");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The TAP's MAC in `ns` (from `ip -o link show`).
+fn tap_mac(ns: &str, tap: &str) -> [u8; 6] {
+    let text = run("ip", &["-n", ns, "-o", "link", "show", "dev", tap]);
+    let hex = text
+        .split_whitespace()
+        .skip_while(|w| *w != "link/ether")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no MAC in {text}"));
+    let mut mac = [0u8; 6];
+    for (o, h) in mac.iter_mut().zip(hex.split(':')) {
+        *o = u8::from_str_radix(h, 16).unwrap();
+    }
+    mac
+}
+
+/// Waits until `tap` in `ns` has every address of `want` (as `ip -6 addr` prints them,
+/// `ADDR/PREFIX scope SCOPE`) past duplicate address detection; returns the listing.
+fn wait_ipv6(ns: &str, tap: &str, want: &[String]) -> String {
+    wait_ipv6_addrs(ns, tap, want, true)
+}
+
+/// [`wait_ipv6`], and with `settled` false, tentative addresses count too.
+fn wait_ipv6_addrs(ns: &str, tap: &str, want: &[String], settled: bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = run("ip", &["-n", ns, "-6", "-o", "addr", "show", "dev", tap]);
+        assert!(!text.contains("dadfailed"), "{tap} in {ns}: {text}");
+        let ready = want.iter().all(|w| {
+            text.lines().any(|l| {
+                l.contains(&format!("inet6 {w} ")) && !(settled && l.contains("tentative"))
+            })
+        });
+        if ready {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{tap} in {ns} never showed {want:?}{}: {text}",
+            if settled { " past DAD" } else { "" }
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Dual stack: each TAP has its IPv4 address, its IPv6 one and the link-local one the
+/// kernel derives from the TAP's MAC; `ping -6` works between the global addresses and
+/// between the link-local ones.
+#[test]
+fn ipv6_addresses_and_ping6_across_two_namespaces() {
+    if !can_run("netns_sim ipv6") {
+        return;
+    }
+    let (g_a, g_b) = ("2001:2:0:1::1", "2001:2:0:1::2");
+    let p = Pair::start(
+        5,
+        &[
+            "--addr-a",
+            "198.18.2.1/24",
+            "--addr-a",
+            &format!("{g_a}/64"),
+            "--addr-b",
+            &format!("{g_b}/64"),
+            "--addr-b",
+            "198.18.2.2/24",
+        ],
+    );
+    let id = std::process::id() % 10_000;
+    let (tap_a, tap_b) = (format!("ua{id}x5"), format!("ub{id}x5"));
+    let mut link_local = Vec::new();
+    for (ns, tap, g, ctl) in [
+        (&p.na.0, &tap_a, g_a, &p.ctl_a),
+        (&p.nb.0, &tap_b, g_b, &p.ctl_b),
+    ] {
+        let s = p.cli(&["status", "--json"], ctl);
+        assert_eq!(s["addr6"], serde_json::json!([format!("{g}/64")]), "{s}");
+        let ll = uipoib::wire::ipv6::link_local_for_mac(tap_mac(ns, tap));
+        let text = wait_ipv6(
+            ns,
+            tap,
+            &[
+                format!("{g}/64 scope global"),
+                format!("{ll}/64 scope link"),
+            ],
+        );
+        eprintln!("netns_sim ipv6: {tap} in {ns}:\n{text}");
+        link_local.push(ll);
+    }
+    // IPv4 alongside.
+    let o = ns_exec(
+        &p.na.0,
+        &["ping", "-c", "2", "-i", "0.2", "-W", "2", &B.to_string()],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    let (ll_a, ll_b) = (link_local[0].to_string(), link_local[1].to_string());
+    for (ns, args) in [
+        (&p.na.0, vec![g_b]),
+        (&p.nb.0, vec![g_a]),
+        (&p.na.0, vec!["-I", &tap_a, &ll_b]),
+        (&p.nb.0, vec!["-I", &tap_b, &ll_a]),
+    ] {
+        let mut cmd = vec!["ping", "-6", "-c", "3", "-i", "0.2", "-W", "2"];
+        cmd.extend(args.iter().copied());
+        let o = ns_exec(ns, &cmd);
+        if !o.status.success() {
+            let drops = |ctl| p.cli(&["stats", "--json"], ctl)["drops"].clone();
+            panic!(
+                "{cmd:?} in {ns} failed: {}\ndrops a: {}\ndrops b: {}",
+                String::from_utf8_lossy(&o.stdout),
+                drops(&p.ctl_a),
+                drops(&p.ctl_b)
+            );
+        }
+    }
+    p.stop();
+}
+
+/// IPv6 addresses on a link whose MTU is below IPv6's 1280 bytes are refused when the
+/// TAP is configured, naming the MTU.
+#[test]
+fn ipv6_addresses_need_an_mtu_of_1280() {
+    if !can_run("netns_sim ipv6 mtu") {
+        return;
+    }
+    let id = std::process::id() % 10_000;
+    let na = Netns::new(&format!("uipt-a-{id}-6"));
+    let nb = Netns::new(&format!("uipt-b-{id}-6"));
+    let dir = std::env::temp_dir().join(format!("uipoib-netns-{id}-6"));
+    std::fs::create_dir_all(&dir).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_uipoib"))
+        .args(["sim-pair", "--netns-a", &na.0, "--netns-b", &nb.0])
+        .args([
+            "--tap-a",
+            &format!("ua{id}x6"),
+            "--tap-b",
+            &format!("ub{id}x6"),
+        ])
+        .args(["--port-mtu", "1024"])
+        .args(["--addr-a", "198.18.2.1/24", "--addr-a", "2001:2:0:1::1/64"])
+        .arg("--control-a")
+        .arg(dir.join("a.sock"))
+        .arg("--control-b")
+        .arg(dir.join("b.sock"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("MTU 1020 is below the 1280 bytes IPv6 needs"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `Tap::configure` on a real TAP in a namespace: the IPv4 and IPv6 addresses, the
+/// link-local one from the MAC; `Tap::reconfigure` to another MAC: the link-local address
+/// follows it, the old one is gone, and the IPv6 and IPv4 addresses are there again. A
+/// TAP without IPv6 addresses has IPv6 off.
+#[test]
+fn tap_configure_and_reconfigure_derive_the_link_local_from_the_mac() {
+    if !can_run("netns_sim tap configure") {
+        return;
+    }
+    use uipoib::wire::eth::Mac;
+    use uipoib::wire::ipv6::link_local_for_mac;
+    let id = std::process::id() % 10_000;
+    let ns = Netns::new(&format!("uipt-c-{id}-7"));
+    let name = format!("uc{id}x7");
+    let tap = uipoib::tap::Tap::create(&name, false).unwrap();
+    let (mac1, mac2) = ([0x02, 0, 198, 18, 7, 1], [0x02, 0, 198, 18, 7, 2]);
+    let g = "2001:2:0:7::1/64";
+    tap.configure(
+        Mac(mac1),
+        1500,
+        "198.18.7.1/24".parse().unwrap(),
+        &[g.parse().unwrap()],
+        Some(&ns.0),
+    )
+    .unwrap();
+    let ll1 = format!("{}/64 scope link", link_local_for_mac(mac1));
+    let text = wait_ipv6_addrs(
+        &ns.0,
+        &name,
+        &[format!("{g} scope global"), ll1.clone()],
+        false,
+    );
+    assert_eq!(text.lines().count(), 2, "{text}");
+    let sysctl = |key: &str| {
+        let o = ns_exec(
+            &ns.0,
+            &["sysctl", "-n", &format!("net/ipv6/conf/{name}/{key}")],
+        );
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    assert_eq!(sysctl("disable_ipv6"), "0");
+    assert_eq!(sysctl("addr_gen_mode"), "0");
+    // Duplicate address detection stays on.
+    assert_ne!(sysctl("dad_transmits"), "0");
+    assert!(!text.contains("nodad"), "{text}");
+
+    uipoib::tap::Tap::reconfigure(&tap, Mac(mac2), 1400).unwrap();
+    let ll2 = format!("{}/64 scope link", link_local_for_mac(mac2));
+    let text = wait_ipv6_addrs(&ns.0, &name, &[format!("{g} scope global"), ll2], false);
+    assert!(
+        !text.contains(&ll1),
+        "the old link-local address stayed: {text}"
+    );
+    assert_eq!(text.lines().count(), 2, "{text}");
+    let link = run("ip", &["-n", &ns.0, "-o", "link", "show", "dev", &name]);
+    assert!(
+        link.contains("mtu 1400") && link.contains("02:00:c6:12:07:02"),
+        "{link}"
+    );
+    let v4 = run(
+        "ip",
+        &["-n", &ns.0, "-4", "-o", "addr", "show", "dev", &name],
+    );
+    assert!(v4.contains("inet 198.18.7.1/24"), "{v4}");
+
+    // Without IPv6 addresses, IPv6 stays off: no link-local address, no kernel chatter.
+    let name4 = format!("ud{id}x7");
+    let tap4 = uipoib::tap::Tap::create(&name4, false).unwrap();
+    tap4.configure(
+        Mac(mac1),
+        1500,
+        "198.18.8.1/24".parse().unwrap(),
+        &[],
+        Some(&ns.0),
+    )
+    .unwrap();
+    uipoib::tap::Tap::reconfigure(&tap4, Mac(mac2), 1500).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let o = ns_exec(
+        &ns.0,
+        &[
+            "sysctl",
+            "-n",
+            &format!("net/ipv6/conf/{name4}/disable_ipv6"),
+        ],
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "1");
+    let v6 = run(
+        "ip",
+        &["-n", &ns.0, "-6", "-o", "addr", "show", "dev", &name4],
+    );
+    assert!(v6.trim().is_empty(), "{v6}");
+}

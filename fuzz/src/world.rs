@@ -22,9 +22,11 @@ use uipoib::verbs::{
 };
 use uipoib::wire::arp::{EthArp, IpoibArp};
 use uipoib::wire::eth::{self, Mac, mac_for_gid};
+use uipoib::wire::ipoib::IpoibAddr;
 use uipoib::wire::ipv4::Ipv4Cidr;
+use uipoib::wire::ndisc::{self, LinkAddr};
 use uipoib::wire::offload::{GSO_ECN, GSO_TCPV4, VNET_HDR_LEN};
-use uipoib::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ipoib};
+use uipoib::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6, ipoib, ipv6};
 
 use crate::checks::check_coalesced;
 use crate::frames::{arp_reply, arp_request};
@@ -402,6 +404,7 @@ fn check_translated(sent: &[u8], got: &[u8], a_mac: Mac) {
                 "the ARP message changed on the way"
             );
         }
+        ETHERTYPE_IPV6 => check_ipv6::<Mac, Mac>(payload, gp),
         t => panic!("a frame of EtherType {t:#06x} was carried"),
     }
 }
@@ -567,6 +570,10 @@ impl RxWorld {
                 );
                 assert_eq!(h.src, g.sha, "the ARP frame's source is not its sender");
             }
+            ETHERTYPE_IPV6 => {
+                check_ipv6::<IpoibAddr, Mac>(body, fp);
+                assert_eq!(h.src, sender, "the frame is not from the sender's MAC");
+            }
             t => panic!("a packet of EtherType {t:#06x} was written"),
         }
     }
@@ -576,4 +583,45 @@ impl RxWorld {
         self.settle();
         close(self.a, "A");
     }
+}
+
+/// The IPv6 packet `sent` (its link-layer options in `A`'s form) arrived as `got` (in
+/// `B`'s): a neighbour discovery message is the same message (type, addresses, target,
+/// flags, which link-layer options it has), its options in `B`'s form; anything else is
+/// the packet as it was sent.
+fn check_ipv6<A: LinkAddr, B: LinkAddr>(sent: &[u8], got: &[u8]) {
+    let s = ipv6::parse_summary(sent).expect("a carried IPv6 packet parses");
+    let nd = match s.upper {
+        Some((ipv6::PROTO_ICMPV6, at)) if sent.get(at).is_some_and(|&t| ndisc::is_nd(t)) => {
+            ndisc::parse::<A>(sent, &s, at).ok().map(|nd| (nd, at))
+        }
+        _ => None,
+    };
+    let Some((nd, at)) = nd else {
+        assert_eq!(
+            got,
+            &sent[..s.total_len],
+            "the IPv6 packet changed on the way"
+        );
+        return;
+    };
+    let g = ipv6::parse_summary(got).expect("a written IPv6 packet parses");
+    assert_eq!(g.total_len, got.len(), "the written IPv6 packet's length");
+    assert_eq!(
+        g.upper,
+        Some((ipv6::PROTO_ICMPV6, at)),
+        "the ICMPv6 message moved"
+    );
+    let gn = ndisc::parse::<B>(got, &g, at)
+        .expect("a translated neighbour discovery message passes the checks");
+    assert_eq!(
+        (gn.kind, gn.src, gn.dst, gn.target, gn.flags),
+        (nd.kind, nd.src, nd.dst, nd.target, nd.flags),
+        "the neighbour discovery message changed on the way"
+    );
+    assert_eq!(
+        (gn.source_ll.is_some(), gn.target_ll.is_some()),
+        (nd.source_ll.is_some(), nd.target_ll.is_some()),
+        "a link-layer address option came or went"
+    );
 }

@@ -1,4 +1,5 @@
-//! Neighbours: IPv4 address → IPoIB hardware address (QPN + GID) → address handle.
+//! Neighbours: IPv4 and IPv6 addresses → IPoIB hardware address (QPN + GID) → address
+//! handle.
 //!
 //! The TAP side speaks Ethernet, so each peer is also known by the locally administered
 //! MAC derived from its GID ([`crate::wire::eth::mac_for_gid`]). The MAC does not depend
@@ -6,12 +7,13 @@
 //! stays valid and only this table changes.
 //!
 //! The table is bounded (least recently seen evicted), aged (`max_age`) and learned from
-//! ARP only, after the datapath checked that the ARP's sender address is the packet's
-//! real source: an entry is created from a reply or from a request aimed at our own
+//! ARP and neighbour discovery only, after the datapath checked that the message's
+//! sender link-layer address is the packet's real source: an entry is created from a reply or from a request aimed at our own
 //! address, a gratuitous announcement only updates a peer already known, and any other
 //! ARP only refreshes a peer heard at exactly its known address ([`Trust`]). Each map is
-//! bounded: a peer has one IPv4 address at a time, so the address map never holds more
-//! entries than the peer map. Data packets refresh a peer only when they come from the
+//! bounded: a peer has one IPv4 address and at most [`PEER_ADDR6`] IPv6 addresses at a
+//! time (the oldest forgotten first), so the address maps never hold more than that many
+//! entries per peer. Data packets refresh a peer only when they come from the
 //! QPN it is known at; they never change it ([`Neighbours::seen`]). Address handles are created
 //! by the datapath on first use; an address handle whose peer is gone is destroyed only
 //! after the last send that used it has completed ([`Neighbours::send_finished`]).
@@ -19,14 +21,17 @@
 //! Pure: time comes in as an argument; verbs calls are returned as decisions.
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use crate::verbs::AhHandle;
 use crate::wire::eth::{Mac, mac_for_gid};
 use crate::wire::ipoib::IpoibAddr;
 
-/// How often an ARP request may be sent to re-resolve the same address.
+/// IPv6 addresses one peer holds at a time (a link-local and a few global ones).
+pub const PEER_ADDR6: usize = 4;
+
+/// How often an ARP request or neighbour solicitation may be sent to re-resolve the same address.
 pub const RESOLVE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// One peer.
@@ -40,6 +45,8 @@ pub struct Peer {
     pub last_seen: Instant,
     /// Last IPv4 address learned for it.
     pub ip: Option<Ipv4Addr>,
+    /// IPv6 addresses learned for it, oldest first.
+    pub ip6: [Option<Ipv6Addr>; PEER_ADDR6],
     /// Last time a frame was sent to it.
     pub last_used: Option<Instant>,
 }
@@ -98,9 +105,10 @@ pub enum Seen {
 pub struct Neighbours {
     peers: HashMap<Mac, Peer>,
     ips: HashMap<Ipv4Addr, Mac>,
+    ips6: HashMap<Ipv6Addr, Mac>,
     inflight: HashMap<AhHandle, u32>,
     retiring: Vec<AhHandle>,
-    resolving: HashMap<Ipv4Addr, Instant>,
+    resolving: HashMap<IpAddr, Instant>,
     capacity: usize,
     max_age: Duration,
     evicted: u64,
@@ -112,6 +120,7 @@ impl Neighbours {
         Neighbours {
             peers: HashMap::with_capacity(capacity.min(4096)),
             ips: HashMap::with_capacity(capacity.min(4096)),
+            ips6: HashMap::new(),
             inflight: HashMap::new(),
             retiring: Vec::new(),
             resolving: HashMap::new(),
@@ -139,30 +148,31 @@ impl Neighbours {
     /// Learn (or refresh) `hw` as the address of `ip`, as far as `trust` allows: a peer
     /// not yet known is added only with [`Trust::Create`]; a known one changes its QPN or
     /// address only with [`Trust::Create`] or [`Trust::Update`]. A peer holds one IPv4
-    /// address: learning a new one for it forgets the old one. AHs that can be destroyed
-    /// right away (of an evicted peer with no send in flight) are pushed to `destroy`.
-    pub fn learn(
+    /// address (learning a new one forgets the old one) and up to [`PEER_ADDR6`] IPv6
+    /// addresses (the oldest forgotten first). AHs that can be destroyed right away (of an
+    /// evicted peer with no send in flight) are pushed to `destroy`.
+    pub fn learn<I: Into<IpAddr>>(
         &mut self,
-        ip: Option<Ipv4Addr>,
+        ip: Option<I>,
         hw: IpoibAddr,
         trust: Trust,
         now: Instant,
         destroy: &mut Vec<AhHandle>,
     ) -> (Mac, Learned) {
+        let ip: Option<IpAddr> = ip.map(Into::into);
         let mac = mac_for_gid(&hw.gid);
-        let mut forget = None;
         let learned = match self.peers.get_mut(&mac) {
             Some(p) if p.hw.gid != hw.gid => return (mac, Learned::Collision),
             Some(p) if trust == Trust::Refresh => {
-                if p.hw == hw && (ip.is_none() || p.ip == ip) {
+                if p.hw == hw && ip.is_none_or(|ip| p.holds(ip)) {
                     p.last_seen = now;
                     return (mac, Learned::Refreshed);
                 }
                 return (mac, Learned::Unknown);
             }
-            Some(p) if p.hw.qpn != hw.qpn && ip.is_some() && p.ip.is_some() && p.ip != ip => {
+            Some(p) if p.hw.qpn != hw.qpn && ip.is_some_and(|ip| p.holds_other(ip)) => {
                 // A new QP claiming another address for a known host: a restarted peer
-                // keeps its address, and a readdressed one keeps its QP. Another QP on
+                // keeps its addresses, and a readdressed one keeps its QP. Another QP on
                 // the peer's host must not take the peer's entry over this way.
                 return (mac, Learned::Conflict);
             }
@@ -174,12 +184,6 @@ impl Neighbours {
                     Learned::Refreshed
                 };
                 p.hw = hw;
-                if ip.is_some() {
-                    if p.ip != ip {
-                        forget = p.ip;
-                    }
-                    p.ip = ip;
-                }
                 r
             }
             None if trust != Trust::Create => return (mac, Learned::Unknown),
@@ -193,29 +197,77 @@ impl Neighbours {
                         hw,
                         ah: None,
                         last_seen: now,
-                        ip,
+                        ip: None,
+                        ip6: [None; PEER_ADDR6],
                         last_used: None,
                     },
                 );
                 Learned::New
             }
         };
+        match ip {
+            Some(IpAddr::V4(ip)) => self.assign4(mac, ip),
+            Some(IpAddr::V6(ip)) => self.assign6(mac, ip),
+            None => {}
+        }
+        if let Some(ip) = ip {
+            self.resolving.remove(&ip);
+        }
+        (mac, learned)
+    }
+
+    /// `ip` is now the IPv4 address of the (known) peer behind `mac`.
+    fn assign4(&mut self, mac: Mac, ip: Ipv4Addr) {
+        let Some(p) = self.peers.get_mut(&mac) else {
+            return;
+        };
+        let forget = p.ip.filter(|old| *old != ip);
+        p.ip = Some(ip);
         if let Some(old_ip) = forget
             && self.ips.get(&old_ip) == Some(&mac)
         {
             self.ips.remove(&old_ip);
         }
-        if let Some(ip) = ip {
-            if let Some(old) = self.ips.insert(ip, mac)
-                && old != mac
-                && let Some(p) = self.peers.get_mut(&old)
-                && p.ip == Some(ip)
-            {
-                p.ip = None;
-            }
-            self.resolving.remove(&ip);
+        if let Some(old) = self.ips.insert(ip, mac)
+            && old != mac
+            && let Some(p) = self.peers.get_mut(&old)
+            && p.ip == Some(ip)
+        {
+            p.ip = None;
         }
-        (mac, learned)
+    }
+
+    /// `ip` is now one of the IPv6 addresses of the (known) peer behind `mac`.
+    fn assign6(&mut self, mac: Mac, ip: Ipv6Addr) {
+        let Some(p) = self.peers.get_mut(&mac) else {
+            return;
+        };
+        if p.ip6.contains(&Some(ip)) {
+            return;
+        }
+        // The oldest address makes room: slots are kept oldest first.
+        let forget = if p.ip6.iter().all(Option::is_some) {
+            let f = p.ip6[0];
+            p.ip6.rotate_left(1);
+            p.ip6[PEER_ADDR6 - 1] = Some(ip);
+            f
+        } else {
+            if let Some(slot) = p.ip6.iter_mut().find(|s| s.is_none()) {
+                *slot = Some(ip);
+            }
+            None
+        };
+        if let Some(old_ip) = forget
+            && self.ips6.get(&old_ip) == Some(&mac)
+        {
+            self.ips6.remove(&old_ip);
+        }
+        if let Some(old) = self.ips6.insert(ip, mac)
+            && old != mac
+            && let Some(p) = self.peers.get_mut(&old)
+        {
+            p.forget6(ip);
+        }
     }
 
     /// Refresh a known peer from received traffic (the completion's source QPN and the
@@ -241,14 +293,23 @@ impl Neighbours {
         self.ips.len()
     }
 
+    /// Entries in the IPv6 address map (never more than [`PEER_ADDR6`] ×
+    /// [`Neighbours::len`]).
+    pub fn ip6_entries(&self) -> usize {
+        self.ips6.len()
+    }
+
     /// The peer behind a MAC.
     pub fn by_mac(&self, mac: &Mac) -> Option<&Peer> {
         self.peers.get(mac)
     }
 
-    /// The peer owning an IPv4 address.
-    pub fn by_ip(&self, ip: Ipv4Addr) -> Option<(Mac, &Peer)> {
-        let mac = self.ips.get(&ip)?;
+    /// The peer owning an IPv4 or IPv6 address.
+    pub fn by_ip(&self, ip: impl Into<IpAddr>) -> Option<(Mac, &Peer)> {
+        let mac = match ip.into() {
+            IpAddr::V4(ip) => self.ips.get(&ip)?,
+            IpAddr::V6(ip) => self.ips6.get(&ip)?,
+        };
         self.peers.get(mac).map(|p| (*mac, p))
     }
 
@@ -268,16 +329,20 @@ impl Neighbours {
 
     /// Peers that are being sent to (within `window`) but have not been heard from for
     /// `silent` longer than that: they may have moved to a new QPN whose announcement was
-    /// lost. Their IPv4 addresses go to `out`, to be re-resolved.
+    /// lost. An address of each (its IPv4 one, else its newest IPv6 one) goes to `out`,
+    /// to be re-resolved.
     pub fn silent_in_use(
         &self,
         now: Instant,
         silent: Duration,
         window: Duration,
-        out: &mut Vec<Ipv4Addr>,
+        out: &mut Vec<IpAddr>,
     ) {
         for p in self.peers.values() {
-            if let (Some(used), Some(ip)) = (p.last_used, p.ip)
+            let ip =
+                p.ip.map(IpAddr::V4)
+                    .or_else(|| p.ip6.iter().rev().flatten().next().map(|a| IpAddr::V6(*a)));
+            if let (Some(used), Some(ip)) = (p.last_used, ip)
                 && now.saturating_duration_since(used) < window
                 && used.saturating_duration_since(p.last_seen) >= silent
             {
@@ -334,9 +399,10 @@ impl Neighbours {
         self.retiring.len()
     }
 
-    /// Whether an ARP request for `ip` may be sent now (at most one per
-    /// [`RESOLVE_INTERVAL`] per address); records it if so.
-    pub fn should_resolve(&mut self, ip: Ipv4Addr, now: Instant) -> bool {
+    /// Whether an ARP request or neighbour solicitation for `ip` may be sent now (at
+    /// most one per [`RESOLVE_INTERVAL`] per address); records it if so.
+    pub fn should_resolve(&mut self, ip: impl Into<IpAddr>, now: Instant) -> bool {
+        let ip = ip.into();
         match self.resolving.get(&ip) {
             Some(t) if now.saturating_duration_since(*t) < RESOLVE_INTERVAL => false,
             _ => {
@@ -367,6 +433,11 @@ impl Neighbours {
                 && self.ips.get(&ip) == Some(&mac)
             {
                 self.ips.remove(&ip);
+            }
+            for ip in p.ip6.iter().flatten() {
+                if self.ips6.get(ip) == Some(&mac) {
+                    self.ips6.remove(ip);
+                }
             }
             if let Some(ah) = p.ah {
                 self.retire(ah, destroy);
@@ -400,6 +471,32 @@ impl Neighbours {
         }
         self.resolving
             .retain(|_, t| now.saturating_duration_since(*t) < RESOLVE_INTERVAL);
+    }
+}
+
+impl Peer {
+    /// Whether `ip` is one of its addresses.
+    pub fn holds(&self, ip: IpAddr) -> bool {
+        match ip {
+            IpAddr::V4(a) => self.ip == Some(a),
+            IpAddr::V6(a) => self.ip6.contains(&Some(a)),
+        }
+    }
+
+    /// Whether it holds addresses of `ip`'s family and `ip` is not one of them.
+    fn holds_other(&self, ip: IpAddr) -> bool {
+        match ip {
+            IpAddr::V4(a) => self.ip.is_some_and(|p| p != a),
+            IpAddr::V6(a) => self.ip6.iter().any(Option::is_some) && !self.ip6.contains(&Some(a)),
+        }
+    }
+
+    /// Forget one of its IPv6 addresses, keeping the others oldest first.
+    fn forget6(&mut self, ip: Ipv6Addr) {
+        if let Some(i) = self.ip6.iter().position(|a| *a == Some(ip)) {
+            self.ip6[i] = None;
+            self.ip6[i..].rotate_left(1);
+        }
     }
 }
 
@@ -632,5 +729,63 @@ mod tests {
         assert_eq!(all, vec![AhHandle(1), AhHandle(2)]);
         assert_eq!(n.retiring(), 0);
         assert_eq!(n.len(), 1, "the peers stay for the next epoch");
+    }
+
+    fn ip6(last: u16) -> Ipv6Addr {
+        Ipv6Addr::new(0x2001, 2, 0, 1, 0, 0, 0, last)
+    }
+
+    #[test]
+    fn a_peer_holds_its_ipv4_and_a_bounded_set_of_ipv6_addresses() {
+        let t0 = Instant::now();
+        let mut n = Neighbours::new(8, Duration::from_secs(10));
+        let mut d = vec![];
+        let (mac, l) = n.learn(Some(ip6(2)), hw(2, 17), Trust::Create, t0, &mut d);
+        assert_eq!(l, Learned::New);
+        n.learn(Some(ip(2)), hw(2, 17), Trust::Create, t0, &mut d);
+        assert_eq!(n.by_ip(ip6(2)).unwrap().0, mac);
+        assert_eq!(n.by_ip(ip(2)).unwrap().0, mac);
+        assert_eq!(n.len(), 1);
+        // More IPv6 addresses than a peer holds: the oldest are forgotten, the maps stay
+        // bounded.
+        for k in 3..1000u16 {
+            n.learn(Some(ip6(k)), hw(2, 17), Trust::Create, t0, &mut d);
+        }
+        assert_eq!(n.ip6_entries(), PEER_ADDR6);
+        assert!(n.by_ip(ip6(2)).is_none());
+        assert!(n.by_ip(ip6(999)).is_some());
+        assert!(n.by_ip(ip6(996)).is_some());
+        assert_eq!(n.by_ip(ip(2)).unwrap().0, mac, "the IPv4 address stays");
+        // Refresh only at a held address and the known QPN.
+        assert_eq!(
+            n.learn(Some(ip6(999)), hw(2, 17), Trust::Refresh, t0, &mut d)
+                .1,
+            Learned::Refreshed
+        );
+        assert_eq!(
+            n.learn(Some(ip6(5)), hw(2, 17), Trust::Refresh, t0, &mut d)
+                .1,
+            Learned::Unknown
+        );
+        // Another QP of the host claiming an IPv6 address the peer does not hold.
+        assert_eq!(
+            n.learn(Some(ip6(5)), hw(2, 99), Trust::Create, t0, &mut d)
+                .1,
+            Learned::Conflict
+        );
+        // A restarted peer announcing one of its addresses moves.
+        assert_eq!(
+            n.learn(Some(ip6(999)), hw(2, 99), Trust::Update, t0, &mut d)
+                .1,
+            Learned::QpnChanged { old_qpn: 17 }
+        );
+        // An address moving to another peer leaves the first.
+        n.learn(Some(ip6(999)), hw(3, 20), Trust::Create, t0, &mut d);
+        assert_eq!(n.by_ip(ip6(999)).unwrap().1.hw, hw(3, 20));
+        assert!(!n.by_mac(&mac).unwrap().holds(IpAddr::V6(ip6(999))));
+        assert_eq!(n.ip6_entries(), PEER_ADDR6);
+        // Eviction forgets every address of the peer.
+        n.expire(t0 + Duration::from_secs(60), &mut d);
+        assert_eq!((n.len(), n.ip_entries(), n.ip6_entries()), (0, 0, 0));
     }
 }

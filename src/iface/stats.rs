@@ -25,7 +25,7 @@ pub enum DropReason {
     RxBadArp,
     /// IPv4 header did not parse.
     RxBadIpv4,
-    /// EtherType not carried (IPv6, anything else).
+    /// EtherType not carried.
     RxUnsupported,
     /// Receive completion with an error status.
     RxCompletionError,
@@ -35,8 +35,6 @@ pub enum DropReason {
     TxShort,
     /// VLAN-tagged frame from the TAP.
     TxVlan,
-    /// IPv6 frame from the TAP (not carried until neighbour discovery is translated).
-    TxIpv6,
     /// Another EtherType from the TAP.
     TxUnsupported,
     /// Frame payload larger than the IPoIB MTU.
@@ -67,11 +65,28 @@ pub enum DropReason {
     RxArpOffSubnet,
     /// Received during a teardown's drain with no TAP to deliver it to (a final stop).
     RxTeardown,
+    /// IPv6 header (or an extension header) from the wire that did not parse.
+    RxBadIpv6,
+    /// Neighbour discovery message from the wire that failed RFC 4861's checks (hop
+    /// limit, code, lengths, options, checksum) or named an impossible link-layer address.
+    RxBadNd,
+    /// Neighbour discovery message whose own link-layer address option is not the
+    /// packet's real source.
+    RxNdSpoofed,
+    /// Neighbour discovery message claiming an address that is not on this link.
+    RxNdOffLink,
+    /// IPv6 frame from the TAP whose header did not parse.
+    TxBadIpv6,
+    /// Neighbour discovery message from the TAP that failed RFC 4861's checks.
+    TxBadNd,
+    /// Neighbour discovery message from the TAP whose link-layer option names a MAC that
+    /// is neither this interface's nor a known peer's.
+    TxNdForeignLinkAddr,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 26] = [
+    pub const ALL: [DropReason; 32] = [
         DropReason::RxShort,
         DropReason::RxNoGrh,
         DropReason::RxBadGrh,
@@ -83,7 +98,6 @@ impl DropReason {
         DropReason::RxTapWrite,
         DropReason::TxShort,
         DropReason::TxVlan,
-        DropReason::TxIpv6,
         DropReason::TxUnsupported,
         DropReason::TxOversized,
         DropReason::TxBadArp,
@@ -98,6 +112,13 @@ impl DropReason {
         DropReason::RxArpSpoofed,
         DropReason::RxArpOffSubnet,
         DropReason::RxTeardown,
+        DropReason::RxBadIpv6,
+        DropReason::RxBadNd,
+        DropReason::RxNdSpoofed,
+        DropReason::RxNdOffLink,
+        DropReason::TxBadIpv6,
+        DropReason::TxBadNd,
+        DropReason::TxNdForeignLinkAddr,
     ];
 
     /// Stable name used in stats output.
@@ -114,7 +135,6 @@ impl DropReason {
             DropReason::RxTapWrite => "rx_tap_write",
             DropReason::TxShort => "tx_short",
             DropReason::TxVlan => "tx_vlan",
-            DropReason::TxIpv6 => "tx_ipv6",
             DropReason::TxUnsupported => "tx_unsupported",
             DropReason::TxOversized => "tx_oversized",
             DropReason::TxBadArp => "tx_bad_arp",
@@ -129,6 +149,13 @@ impl DropReason {
             DropReason::RxArpSpoofed => "rx_arp_spoofed",
             DropReason::RxArpOffSubnet => "rx_arp_off_subnet",
             DropReason::RxTeardown => "rx_teardown",
+            DropReason::RxBadIpv6 => "rx_bad_ipv6",
+            DropReason::RxBadNd => "rx_bad_nd",
+            DropReason::RxNdSpoofed => "rx_nd_spoofed",
+            DropReason::RxNdOffLink => "rx_nd_off_link",
+            DropReason::TxBadIpv6 => "tx_bad_ipv6",
+            DropReason::TxBadNd => "tx_bad_nd",
+            DropReason::TxNdForeignLinkAddr => "tx_nd_foreign_link_addr",
         }
     }
 }
@@ -219,6 +246,14 @@ counters! {
     /// host claiming another address (which would take the peer's entry over). Passed
     /// on, not learned.
     arp_not_learned,
+    /// Neighbour discovery messages received from the wire.
+    nd_rx,
+    /// Neighbour discovery messages sent to the wire (the kernel's, translated, and
+    /// this interface's own solicitations and advertisements).
+    nd_tx,
+    /// Neighbour discovery messages not learned from, as `arp_not_learned` (and
+    /// duplicate address detection probes).
+    nd_not_learned,
     /// NAPI polls run.
     polls,
     /// Polls that used their whole budget and yielded.
@@ -269,7 +304,7 @@ counters! {
     neigh_updated,
     /// Neighbours evicted (aged out or table full).
     neigh_evicted,
-    /// ARP requests sent to re-resolve an unknown destination.
+    /// ARP requests and neighbour solicitations sent to resolve an unknown destination.
     neigh_resolves,
     /// Address handles created.
     ah_created,
@@ -408,15 +443,15 @@ mod tests {
     #[test]
     fn drops_show_in_snapshot() {
         let s = Stats::default();
-        s.count_drop(DropReason::TxIpv6);
-        s.count_drop(DropReason::TxIpv6);
+        s.count_drop(DropReason::TxVlan);
+        s.count_drop(DropReason::TxVlan);
         add(&s.rx_packets, 3);
         let snap = s.snapshot();
-        assert_eq!(snap.drop_count(DropReason::TxIpv6), 2);
+        assert_eq!(snap.drop_count(DropReason::TxVlan), 2);
         assert_eq!(snap.drops_total(), 2);
         assert_eq!(snap.rx_packets, 3);
         let text = snap.to_text();
-        assert!(text.contains("tx_ipv6"), "{text}");
+        assert!(text.contains("tx_vlan"), "{text}");
         let json = serde_json::to_string(&snap).unwrap();
         let back: Snapshot = serde_json::from_str(&json).unwrap();
         assert_eq!(back, snap);

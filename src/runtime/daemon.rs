@@ -181,16 +181,24 @@ fn start(spec: &Launch, provider: Arc<dyn Provider>) -> Result<Running, DaemonEr
         },
     )?;
     let tap = Arc::new(Tap::create(&c.tap, c.tap_offload)?.with_stats(stats.clone()));
-    tap.configure(iface.mac(), iface.mtu(), c.addr, spec.netns.as_deref())?;
+    tap.configure(
+        iface.mac(),
+        iface.mtu(),
+        c.addr,
+        &c.addr6,
+        spec.netns.as_deref(),
+    )?;
+    let addr6: Vec<String> = c.addr6.iter().map(|a| a.to_string()).collect();
     let status = Arc::new(Mutex::new(Status {
         state: "starting".into(),
         tap: c.tap.clone(),
         device: c.device.clone(),
         addr: c.addr.to_string(),
+        addr6: addr6.clone(),
         epoch: 1,
         ..Default::default()
     }));
-    tracing::info!(tap = %c.tap, addr = %c.addr, mac = %iface.mac(), mtu = iface.mtu(), control = %c.control.display(), allow_faults = c.allow_faults, "interface up");
+    tracing::info!(tap = %c.tap, addr = %c.addr, addr6 = %format_args!("[{}]", addr6.join(", ")), mac = %iface.mac(), mtu = iface.mtu(), control = %c.control.display(), allow_faults = c.allow_faults, "interface up");
     let dev: Arc<dyn TapDevice> = tap.clone();
     let supervisor = Supervisor::spawn(
         Supervised {

@@ -2,9 +2,11 @@
 //!
 //! Opened with `IFF_TAP | IFF_NO_PI` ([`crate::sys::tap`]), non-blocking, and configured with
 //! iproute2: the MAC that stands for this interface's IPoIB address, the IPoIB MTU, the
-//! address, link up. IPv6 is switched off on it, because this datapath does not carry
-//! IPv6 yet and the kernel would otherwise keep sending router and listener solicitations
-//! that can only be dropped.
+//! IPv4 address and any IPv6 addresses, link up. With IPv6 addresses configured IPv6 is
+//! on (dual stack): the kernel derives the TAP's link-local address from its MAC
+//! (EUI-64), and the configured addresses are added with duplicate address detection
+//! left on. Without them IPv6 stays off, so that an IPv4-only interface does not send
+//! the kernel's router and listener solicitations and address probes at all.
 //!
 //! With offloads (`tap-offload`, on by default) the TAP also has `IFF_VNET_HDR` with
 //! checksum and TCP segmentation offload: the kernel's TCP hands over super-frames of up
@@ -19,8 +21,12 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
+/// The least MTU IPv6 runs over (RFC 8200 §5); below it the kernel takes IPv6 off a link.
+const MIN_IPV6_MTU: usize = 1280;
+
 use crate::wire::eth::Mac;
 use crate::wire::ipv4::Ipv4Cidr;
+use crate::wire::ipv6::Ipv6Cidr;
 use crate::wire::offload::{FrameSink, Joiner, Segmenter, Taken, VNET_HDR_LEN};
 
 /// A TAP failure, naming the step.
@@ -36,6 +42,17 @@ pub enum TapError {
         /// Why.
         #[source]
         source: io::Error,
+    },
+    /// IPv6 addresses were asked for on a link too small for IPv6.
+    #[error(
+        "TAP {name}: MTU {mtu} is below the {MIN_IPV6_MTU} bytes IPv6 needs, and the interface \
+         has IPv6 addresses (raise the MTU or give no IPv6 address)"
+    )]
+    Ipv6Mtu {
+        /// The name.
+        name: String,
+        /// The MTU the interface has.
+        mtu: usize,
     },
     /// A configuration command failed.
     #[error("configuring TAP {name}: `{command}` failed: {why}")]
@@ -58,6 +75,8 @@ pub struct Tap {
     /// With offloads: received frames joined before they are written.
     gro: Option<Mutex<Joiner>>,
     netns: Mutex<Option<String>>,
+    /// The IPv6 addresses [`Tap::configure`] added, added again by [`Tap::reconfigure`].
+    addr6: Mutex<Vec<Ipv6Cidr>>,
     stats: Option<Arc<dyn OffloadCounters>>,
 }
 
@@ -134,6 +153,7 @@ impl Tap {
             offload: offload.then(|| Mutex::new(Segmenter::new())),
             gro: offload.then(|| Mutex::new(Joiner::new())),
             netns: Mutex::new(None),
+            addr6: Mutex::new(Vec::new()),
             stats: None,
         })
     }
@@ -171,40 +191,120 @@ impl Tap {
         &self.name
     }
 
-    /// Move it into network namespace `netns` (if given), then set MAC, MTU and address,
-    /// switch IPv6 off and bring it up.
+    /// Move it into network namespace `netns` (if given), then set MAC and MTU, with IPv6
+    /// addresses (`addr6`) enable IPv6 and add them, add the IPv4 address and bring it up.
+    ///
+    /// The order matters for IPv6: it is switched off while the MAC and MTU are set and
+    /// on afterwards, so that the link-local address the kernel derives (EUI-64,
+    /// `addr_gen_mode` 0) comes from the final MAC, also on a TAP that existed before.
+    /// The IPv6 addresses keep duplicate address detection. Without IPv6 addresses IPv6
+    /// stays off (best effort: a kernel without IPv6 has no such sysctl); with them, a
+    /// kernel that cannot enable it is an error naming the sysctl, as is an MTU below
+    /// the 1280 bytes IPv6 needs.
     pub fn configure(
         &self,
         mac: Mac,
         mtu: usize,
         addr: Ipv4Cidr,
+        addr6: &[Ipv6Cidr],
         netns: Option<&str>,
     ) -> Result<(), TapError> {
         let name = self.name().to_string();
+        if !addr6.is_empty() && mtu < MIN_IPV6_MTU {
+            return Err(TapError::Ipv6Mtu { name, mtu });
+        }
         if let Some(ns) = netns {
             self.ip(None, &["link", "set", "dev", &name, "netns", ns])?;
             if let Ok(mut n) = self.netns.lock() {
                 *n = Some(ns.to_string());
             }
         }
-        // Best effort: a kernel without IPv6 has no such sysctl.
-        let sysctl = format!("net.ipv6.conf.{name}.disable_ipv6=1");
-        let _ = match netns {
-            Some(ns) => Command::new("ip")
-                .args(["netns", "exec", ns, "sysctl", "-qw", &sysctl])
-                .output(),
-            None => Command::new("sysctl").args(["-qw", &sysctl]).output(),
-        };
-        self.set_mac_mtu(netns, mac, mtu)?;
+        if let Ok(mut a) = self.addr6.lock() {
+            *a = addr6.to_vec();
+        }
+        self.set_link(netns, mac, mtu, addr6)?;
         self.ip(netns, &["addr", "replace", &addr.to_string(), "dev", &name])?;
         self.ip(netns, &["link", "set", "dev", &name, "up"])?;
         Ok(())
     }
 
-    /// Change MAC and MTU after a rebuild found a different GID or port MTU.
+    /// Change MAC and MTU after a rebuild found a different GID or port MTU. IPv6 is
+    /// switched off and on around it, as in [`Tap::configure`], so that the link-local
+    /// address follows the new MAC (the kernel does not derive it again on a MAC
+    /// change); the IPv6 addresses are added again. The IPv4 address stays.
     pub fn reconfigure(&self, mac: Mac, mtu: usize) -> Result<(), TapError> {
         let netns = self.netns.lock().ok().and_then(|n| n.clone());
-        self.set_mac_mtu(netns.as_deref(), mac, mtu)
+        let addr6 = self.addr6.lock().map(|a| a.clone()).unwrap_or_default();
+        self.set_link(netns.as_deref(), mac, mtu, &addr6)
+    }
+
+    /// IPv6 off, MAC and MTU; with `addr6`, IPv6 on (the link-local address derived from
+    /// `mac`) and the `addr6` addresses added.
+    fn set_link(
+        &self,
+        netns: Option<&str>,
+        mac: Mac,
+        mtu: usize,
+        addr6: &[Ipv6Cidr],
+    ) -> Result<(), TapError> {
+        let name = self.name().to_string();
+        // Best effort: without IPv6 there is nothing to clear.
+        let _ = self.sysctl(netns, &format!("net/ipv6/conf/{name}/disable_ipv6=1"));
+        self.set_mac_mtu(netns, mac, mtu)?;
+        if addr6.is_empty() {
+            // IPv4 only: IPv6 stays off, or the kernel's own router and listener
+            // solicitations and duplicate address probes would be counted as drops.
+            return Ok(());
+        }
+        if mtu < MIN_IPV6_MTU {
+            return Err(TapError::Ipv6Mtu { name, mtu });
+        }
+        // EUI-64 from the MAC, the kernel's default, made explicit (best effort: older
+        // kernels have no such sysctl).
+        let _ = self.sysctl(netns, &format!("net/ipv6/conf/{name}/addr_gen_mode=0"));
+        self.sysctl(netns, &format!("net/ipv6/conf/{name}/disable_ipv6=0"))?;
+        for a in addr6 {
+            self.ip(
+                netns,
+                &["-6", "addr", "replace", &a.to_string(), "dev", &name],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// `sysctl -qw SETTING` (inside `netns` if given). The key is written with `/`
+    /// separators, so that a `.` in the interface name stays part of the name.
+    fn sysctl(&self, netns: Option<&str>, setting: &str) -> Result<(), TapError> {
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "sysctl"]);
+                c
+            }
+            None => Command::new("sysctl"),
+        };
+        cmd.args(["-qw", setting]);
+        let command = format!(
+            "{}sysctl -w {setting}",
+            netns
+                .map(|n| format!("ip netns exec {n} "))
+                .unwrap_or_default()
+        );
+        let fail = |why: String| TapError::Configure {
+            name: self.name().to_string(),
+            command: command.clone(),
+            why,
+        };
+        let out = cmd.output().map_err(|e| fail(e.to_string()))?;
+        if !out.status.success() {
+            let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
+            return Err(fail(if why.is_empty() {
+                format!("exit {}", out.status)
+            } else {
+                why
+            }));
+        }
+        Ok(())
     }
 
     fn set_mac_mtu(&self, netns: Option<&str>, mac: Mac, mtu: usize) -> Result<(), TapError> {

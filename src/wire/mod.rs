@@ -26,6 +26,7 @@ pub mod grh;
 pub mod ipoib;
 pub mod ipv4;
 pub mod ipv6;
+pub mod ndisc;
 pub mod offload;
 pub mod translate;
 

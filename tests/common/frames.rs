@@ -4,14 +4,14 @@
 //! corpus and its worlds), each of which includes this file as a module.
 #![allow(dead_code)]
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use uipoib::verbs::Gid;
 use uipoib::wire::arp::{self, EthArp, IpoibArp};
 use uipoib::wire::eth::{self, EthHeader, Mac};
 use uipoib::wire::ipoib::{self, IpoibAddr};
 use uipoib::wire::offload::{self, VNET_HDR_LEN, VnetHdr};
-use uipoib::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ipv4};
+use uipoib::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6, ipv4};
 
 /// An Ethernet header and `payload`.
 pub fn eth_frame(dst: Mac, src: Mac, ethertype: u16, payload: &[u8]) -> Vec<u8> {
@@ -190,4 +190,67 @@ pub fn arp_reply(sha: Mac, spa: Ipv4Addr, tha: Mac, tpa: Ipv4Addr) -> Vec<u8> {
 pub fn ipv4_frame(dst: Mac, src: Mac, sip: Ipv4Addr, dip: Ipv4Addr, payload: &[u8]) -> Vec<u8> {
     let ip = ipv4_packet_flags(sip, dip, 253, 0, 0, payload);
     eth_frame(dst, src, ETHERTYPE_IPV4, &ip)
+}
+
+/// An IPv6 packet from `src` to `dst` (hop limit `hop`) carrying the ICMPv6 message
+/// `msg`, its checksum filled in.
+pub fn icmp6_packet(src: Ipv6Addr, dst: Ipv6Addr, hop: u8, msg: &[u8]) -> Vec<u8> {
+    let mut p = vec![0u8; 40];
+    p[0] = 0x60;
+    p[4..6].copy_from_slice(&(msg.len() as u16).to_be_bytes());
+    p[6] = uipoib::wire::ipv6::PROTO_ICMPV6;
+    p[7] = hop;
+    p[8..24].copy_from_slice(&src.octets());
+    p[24..40].copy_from_slice(&dst.octets());
+    p.extend_from_slice(msg);
+    let c =
+        uipoib::wire::ipv6::upper_checksum(&src, &dst, uipoib::wire::ipv6::PROTO_ICMPV6, &p[40..]);
+    p[42..44].copy_from_slice(&c.to_be_bytes());
+    p
+}
+
+/// What a kernel sends on its TAP to resolve `target`: a neighbour solicitation from
+/// `src` to the target's solicited-node group, `sll` (the TAP's MAC) in its source
+/// link-layer option.
+pub fn ns_frame(sll: Mac, src: Ipv6Addr, target: Ipv6Addr) -> Vec<u8> {
+    let group = uipoib::wire::ipv6::solicited_node(&target);
+    let mut m = vec![135, 0, 0, 0, 0, 0, 0, 0];
+    m.extend_from_slice(&target.octets());
+    m.extend_from_slice(&[1, 1]);
+    m.extend_from_slice(&sll.0);
+    let dst = Mac(uipoib::wire::ipv6::multicast_mac_octets(&group));
+    eth_frame(dst, sll, ETHERTYPE_IPV6, &icmp6_packet(src, group, 255, &m))
+}
+
+/// A kernel's solicited advertisement of `target` (its own address) at `tll` (its MAC),
+/// unicast to `dst_mac` / `dst`.
+pub fn na_frame(tll: Mac, target: Ipv6Addr, dst_mac: Mac, dst: Ipv6Addr) -> Vec<u8> {
+    let mut m = vec![136, 0, 0, 0, 0x60, 0, 0, 0];
+    m.extend_from_slice(&target.octets());
+    m.extend_from_slice(&[2, 1]);
+    m.extend_from_slice(&tll.0);
+    eth_frame(
+        dst_mac,
+        tll,
+        ETHERTYPE_IPV6,
+        &icmp6_packet(target, dst, 255, &m),
+    )
+}
+
+/// An ICMPv6 echo request from `src` to `dst` with `payload`.
+pub fn echo6_frame(
+    dst_mac: Mac,
+    src_mac: Mac,
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut m = vec![128, 0, 0, 0, 0, 1, 0, 1];
+    m.extend_from_slice(payload);
+    eth_frame(
+        dst_mac,
+        src_mac,
+        ETHERTYPE_IPV6,
+        &icmp6_packet(src, dst, 64, &m),
+    )
 }

@@ -6,6 +6,8 @@ mod frames;
 pub mod sup;
 
 pub use frames::{arp_reply, arp_request, ipv4_frame};
+#[allow(unused_imports)]
+pub use frames::{echo6_frame, icmp6_packet, na_frame, ns_frame};
 
 use std::collections::VecDeque;
 use std::io;
@@ -164,6 +166,20 @@ pub fn pair(mtu: u32, recv: u32, send: u32) -> (SimFabric, Interface, Interface)
     let a = open(&f, "sim0", "198.18.2.1/24", recv, send);
     let b = open(&f, "sim1", "198.18.2.2/24", recv, send);
     (f, a, b)
+}
+
+/// An interface with an IPv6 address (`addr6`, with its prefix) besides its IPv4 one.
+pub fn open6(
+    p: &dyn Provider,
+    dev: &str,
+    addr: &str,
+    addr6: &str,
+    recv: u32,
+    send: u32,
+) -> Interface {
+    let mut params = params(dev, addr, recv, send);
+    params.addr6 = vec![addr6.parse().unwrap()];
+    Interface::open(p, &params, Arc::new(Stats::default()), 1, &mut None).unwrap()
 }
 
 pub fn open(p: &dyn Provider, dev: &str, addr: &str, recv: u32, send: u32) -> Interface {

@@ -18,7 +18,7 @@ use close::forget_ahs;
 pub use close::{Closed, Closing, DrainStep, KeptEndpoint};
 
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,6 +35,7 @@ use crate::wire::eth::{self, Mac, mac_for_gid};
 use crate::wire::ipoib::{self, IpoibAddr};
 use crate::wire::ipv4::Ipv4Cidr;
 use crate::wire::ipv6::Ipv6Cidr;
+use crate::wire::translate::Addrs6;
 
 /// How long a teardown waits for flush completions after moving the QP to error.
 pub const FLUSH_DEADLINE: Duration = Duration::from_millis(200);
@@ -258,6 +259,7 @@ pub struct Interface {
     neigh: Neighbours,
     stats: Arc<Stats>,
     addr: Ipv4Cidr,
+    addr6: Addrs6,
     mtu: usize,
     qkey: u32,
     group: Gid,
@@ -275,7 +277,7 @@ pub struct Interface {
     /// Receives to post as one chain (capacity: the receive ring).
     recv_chain: Vec<RecvWr>,
     destroy: Vec<AhHandle>,
-    probe: Vec<Ipv4Addr>,
+    probe: Vec<IpAddr>,
     log: RateLimit,
     tx_timeout: Duration,
     /// Set while `close` drains flushes (expected then).
@@ -417,6 +419,7 @@ impl Interface {
                 .unwrap_or_else(|| Neighbours::new(p.neigh_capacity as usize, p.neigh_max_age)),
             stats,
             addr: p.addr,
+            addr6: Addrs6::new(mac_for_gid(&a.gid), &p.addr6),
             mtu: mtu as usize,
             qkey: p.qkey,
             group: p.group,

@@ -3,8 +3,9 @@
 
 use super::*;
 use crate::wire::translate::{
-    self, ArpSender, Local, Received, RecvMeta, RxDrop, RxFact, RxVerdict, Standing,
+    self, Local, Received, RecvMeta, RxDrop, RxFact, RxVerdict, Sender, Standing,
 };
+use std::net::IpAddr;
 
 impl Interface {
     /// Handle up to the budget of receive completions, writing packets to `tap`, and
@@ -161,6 +162,7 @@ impl Interface {
             hw: self.own_hw,
             mac: self.own_mac,
             addr: self.addr,
+            addr6: self.addr6,
         }
     }
 
@@ -173,33 +175,11 @@ impl Interface {
             RxFact::OwnLoopback => stats::add(&self.stats.rx_own_looped, 1),
             RxFact::Arp(sender) => {
                 stats::add(&self.stats.arp_rx, 1);
-                match sender {
-                    ArpSender::Refused => {}
-                    ArpSender::Probe => stats::add(&self.stats.arp_not_learned, 1),
-                    ArpSender::Claim { ip, hw, standing } => {
-                        let trust = match standing {
-                            Standing::Addressed => Trust::Create,
-                            Standing::Announcement => Trust::Update,
-                            Standing::Overheard => Trust::Refresh,
-                        };
-                        let (_, learned) =
-                            self.neigh
-                                .learn(Some(ip), hw, trust, now, &mut self.destroy);
-                        match learned {
-                            Learned::New => stats::add(&self.stats.neigh_learned, 1),
-                            Learned::QpnChanged { old_qpn } => {
-                                stats::add(&self.stats.neigh_updated, 1);
-                                tracing::info!(%ip, old_qpn, new_qpn = hw.qpn, "peer moved to a new QPN");
-                            }
-                            Learned::Refreshed => {}
-                            Learned::Unknown | Learned::Conflict => {
-                                stats::add(&self.stats.arp_not_learned, 1)
-                            }
-                            // Another GID behind the sender's MAC: not passed on.
-                            Learned::Collision => return Err(DropReason::RxBadArp),
-                        }
-                    }
-                }
+                self.learn_from(sender, false, now)?;
+            }
+            RxFact::Nd(sender) => {
+                stats::add(&self.stats.nd_rx, 1);
+                self.learn_from(sender, true, now)?;
             }
             RxFact::Data { from } => {
                 if let Seen::OtherQpn { .. } = self.neigh.seen(from, now) {
@@ -215,6 +195,59 @@ impl Interface {
     }
 }
 
+impl Interface {
+    /// Learn what an ARP or neighbour discovery message says about its sender, as far as
+    /// its standing allows. A sender whose MAC stands for another peer's GID is dropped.
+    /// `nd`: it came by neighbour discovery (else by ARP), for the counters.
+    fn learn_from<I: Into<IpAddr>>(
+        &mut self,
+        sender: Sender<I>,
+        nd: bool,
+        now: Instant,
+    ) -> Result<(), DropReason> {
+        let not_learned = |st: &Stats| {
+            if nd {
+                stats::add(&st.nd_not_learned, 1);
+            } else {
+                stats::add(&st.arp_not_learned, 1);
+            }
+        };
+        match sender {
+            Sender::Refused | Sender::Silent => {}
+            Sender::Probe => not_learned(&self.stats),
+            Sender::Claim { ip, hw, standing } => {
+                let trust = match standing {
+                    Standing::Addressed => Trust::Create,
+                    Standing::Announcement => Trust::Update,
+                    Standing::Overheard => Trust::Refresh,
+                };
+                let ip: IpAddr = ip.into();
+                let (_, learned) = self
+                    .neigh
+                    .learn(Some(ip), hw, trust, now, &mut self.destroy);
+                match learned {
+                    Learned::New => stats::add(&self.stats.neigh_learned, 1),
+                    Learned::QpnChanged { old_qpn } => {
+                        stats::add(&self.stats.neigh_updated, 1);
+                        tracing::info!(%ip, old_qpn, new_qpn = hw.qpn, "peer moved to a new QPN");
+                    }
+                    Learned::Refreshed => {}
+                    Learned::Unknown | Learned::Conflict => not_learned(&self.stats),
+                    // Another GID behind the sender's MAC: not passed on.
+                    Learned::Collision => {
+                        return Err(if nd {
+                            DropReason::RxBadNd
+                        } else {
+                            DropReason::RxBadArp
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The counter a receive dropped by the translation goes to.
 fn rx_drop_reason(why: RxDrop) -> DropReason {
     match why {
@@ -226,6 +259,10 @@ fn rx_drop_reason(why: RxDrop) -> DropReason {
         RxDrop::ArpSpoofed => DropReason::RxArpSpoofed,
         RxDrop::ArpOffSubnet => DropReason::RxArpOffSubnet,
         RxDrop::BadIpv4 => DropReason::RxBadIpv4,
+        RxDrop::BadIpv6 => DropReason::RxBadIpv6,
+        RxDrop::BadNd => DropReason::RxBadNd,
+        RxDrop::NdSpoofed => DropReason::RxNdSpoofed,
+        RxDrop::NdOffLink => DropReason::RxNdOffLink,
         RxDrop::Unsupported => DropReason::RxUnsupported,
     }
 }

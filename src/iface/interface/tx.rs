@@ -2,7 +2,8 @@
 //! send completions polled and their slots and address handles freed.
 
 use super::*;
-use crate::wire::translate::{self, Otherwise, Route, TxDrop};
+use crate::wire::translate::{self, Body, Otherwise, Route, TxDrop};
+use std::net::{IpAddr, Ipv6Addr};
 
 // The verbs layer and the codecs name the same multicast QPN.
 const _: () = assert!(MULTICAST_QPN == ipoib::MULTICAST_QPN);
@@ -156,7 +157,12 @@ impl Interface {
         let sbuf = self.ep.send_buf(slot);
         match plan.body.emit(&self.frame[..n], sbuf) {
             Ok(len) => {
-                self.push_send(slot, len, dest, plan.body.is_arp());
+                let kind = match plan.body {
+                    Body::Arp(_) => Sent::Arp,
+                    Body::Nd { .. } => Sent::Nd,
+                    Body::Ipv4 { .. } | Body::Ipv6 { .. } => Sent::Data,
+                };
+                self.push_send(slot, len, dest, kind);
                 Ok(())
             }
             Err(why) => {
@@ -174,7 +180,7 @@ impl Interface {
         let slot = self.ledger.reserve_send().ok_or(DropReason::TxPostFailed)?;
         match translate::emit_arp(msg, self.ep.send_buf(slot)) {
             Ok(n) => {
-                self.push_send(slot, n, dest, true);
+                self.push_send(slot, n, dest, Sent::Arp);
                 Ok(())
             }
             Err(why) => {
@@ -184,14 +190,43 @@ impl Interface {
         }
     }
 
-    /// Ask the broadcast group who has `ip` (rate-limited per address).
-    pub(super) fn resolve(&mut self, ip: Ipv4Addr, now: Instant) {
+    /// Write a neighbour discovery message of this interface's own (a solicitation for
+    /// `target` from `src`, or with `src` `None` an unsolicited advertisement of `target`)
+    /// and send it to the group.
+    pub(super) fn push_nd(
+        &mut self,
+        src: Option<Ipv6Addr>,
+        target: Ipv6Addr,
+    ) -> Result<(), DropReason> {
+        let slot = self.ledger.reserve_send().ok_or(DropReason::TxPostFailed)?;
+        match translate::emit_nd(self.own_hw, src, target, self.ep.send_buf(slot)) {
+            Ok(n) => {
+                let dest = self.group_dest();
+                self.push_send(slot, n, dest, Sent::Nd);
+                Ok(())
+            }
+            Err(why) => {
+                self.ledger.release(Ring::Send, slot);
+                Err(tx_drop_reason(why))
+            }
+        }
+    }
+
+    /// Ask the broadcast group who has `ip` (rate-limited per address): an ARP request
+    /// for IPv4, a neighbour solicitation (from the address of ours that fits) for IPv6.
+    pub(super) fn resolve(&mut self, ip: IpAddr, now: Instant) {
         if !self.neigh.should_resolve(ip, now) || self.ledger.free_send() == 0 {
             return;
         }
-        let msg = translate::arp_request(self.own_hw, self.addr.addr, ip);
-        let dest = self.group_dest();
-        if self.push_arp(&msg, dest).is_ok() {
+        let sent = match ip {
+            IpAddr::V4(ip) => {
+                let msg = translate::arp_request(self.own_hw, self.addr.addr, ip);
+                let dest = self.group_dest();
+                self.push_arp(&msg, dest)
+            }
+            IpAddr::V6(ip) => self.push_nd(Some(self.addr6.source_for(&ip)), ip),
+        };
+        if sent.is_ok() {
             stats::add(&self.stats.neigh_resolves, 1);
         }
     }
@@ -202,6 +237,14 @@ impl Interface {
         let dest = self.group_dest();
         if let Err(r) = self.push_arp(&msg, dest) {
             self.stats.count_drop(r);
+        }
+        // And each IPv6 address, by unsolicited advertisement (override set): a peer that
+        // knows this interface only by IPv6 follows it to its new QPN too.
+        let addrs = self.addr6;
+        for a in addrs.iter() {
+            if let Err(r) = self.push_nd(None, a) {
+                self.stats.count_drop(r);
+            }
         }
         self.flush_chain(now);
     }
@@ -255,11 +298,14 @@ impl Interface {
         slot: u32,
         payload: usize,
         dest: (Dest, Option<AhHandle>),
-        arp: bool,
+        kind: Sent,
     ) {
-        if arp {
-            stats::add(&self.stats.arp_tx, 1);
+        match kind {
+            Sent::Arp => stats::add(&self.stats.arp_tx, 1),
+            Sent::Nd => stats::add(&self.stats.nd_tx, 1),
+            Sent::Data => {}
         }
+        let arp = kind != Sent::Data;
         self.chain.push(SendWr {
             wr_id: self.ledger.wr_id(Ring::Send, slot),
             slot,
@@ -322,11 +368,24 @@ fn tx_drop_reason(why: TxDrop) -> DropReason {
     match why {
         TxDrop::Short => DropReason::TxShort,
         TxDrop::Vlan => DropReason::TxVlan,
-        TxDrop::Ipv6 => DropReason::TxIpv6,
+        TxDrop::BadIpv6 => DropReason::TxBadIpv6,
+        TxDrop::BadNd => DropReason::TxBadNd,
+        TxDrop::NdForeignLinkAddr => DropReason::TxNdForeignLinkAddr,
         TxDrop::Unsupported => DropReason::TxUnsupported,
         TxDrop::Oversized => DropReason::TxOversized,
         TxDrop::BadIpv4 => DropReason::TxBadIpv4,
         TxDrop::BadArp => DropReason::TxBadArp,
         TxDrop::NoNeighbour => DropReason::TxNoNeighbour,
     }
+}
+
+/// What a send carries, for the counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Sent {
+    /// An IP packet.
+    Data,
+    /// An ARP message.
+    Arp,
+    /// A neighbour discovery message.
+    Nd,
 }

@@ -78,3 +78,7 @@ pub const MIN_IPOIB_MTU: u32 = 68;
 pub fn default_control_path(tap: &str) -> PathBuf {
     PathBuf::from(format!("/run/uipoib/{tap}.sock"))
 }
+
+/// The least MTU IPv6 runs over (RFC 8200 §5); the kernel switches IPv6 off on a link
+/// below it, so an interface with IPv6 addresses needs at least this much.
+pub const MIN_IPV6_MTU: u32 = 1280;

@@ -1,9 +1,11 @@
 //! The keys a config file (or the command line) gives: all optional, merged with flags
 //! first.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
 
 use super::ConfigError;
 
@@ -19,8 +21,8 @@ pub struct ConfigKeys {
     pub gid_index: Option<u8>,
     /// TAP name.
     pub tap: Option<String>,
-    /// Address/prefix.
-    pub addr: Option<String>,
+    /// Addresses with prefix, IPv4 and IPv6: one string or a list of them.
+    pub addr: Option<AddrList>,
     /// IPoIB MTU.
     pub mtu: Option<u32>,
     /// Poll budget.
@@ -89,7 +91,8 @@ impl ConfigKeys {
         }
     }
 
-    /// Fill every unset key of `self` from `other`.
+    /// Fill every unset key of `self` from `other`. A key is taken whole: an `addr` list
+    /// in `self` replaces `other`'s entirely, it is not added to it.
     pub fn or(self, other: ConfigKeys) -> ConfigKeys {
         ConfigKeys {
             device: self.device.or(other.device),
@@ -116,5 +119,51 @@ impl ConfigKeys {
             tap_offload: self.tap_offload.or(other.tap_offload),
             allow_faults: self.allow_faults.or(other.allow_faults),
         }
+    }
+}
+
+/// The `addr` key: one `ADDRESS/PREFIX` string, or a list of them (IPv4 and IPv6 alike).
+/// Unchecked here; [`super::Config::from_keys`] validates each.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct AddrList(pub Vec<String>);
+
+impl From<&str> for AddrList {
+    fn from(s: &str) -> Self {
+        AddrList(vec![s.to_string()])
+    }
+}
+
+impl From<String> for AddrList {
+    fn from(s: String) -> Self {
+        AddrList(vec![s])
+    }
+}
+
+impl From<Vec<String>> for AddrList {
+    fn from(v: Vec<String>) -> Self {
+        AddrList(v)
+    }
+}
+
+impl<'de> Deserialize<'de> for AddrList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = AddrList;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an address/prefix string or a list of them")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<AddrList, E> {
+                Ok(AddrList::from(s))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<AddrList, A::Error> {
+                let mut v = Vec::new();
+                while let Some(s) = seq.next_element::<String>()? {
+                    v.push(s);
+                }
+                Ok(AddrList(v))
+            }
+        }
+        d.deserialize_any(V)
     }
 }

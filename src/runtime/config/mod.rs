@@ -14,7 +14,7 @@ mod validate;
 use std::path::PathBuf;
 
 pub use defaults::*;
-pub use file::ConfigKeys;
+pub use file::{AddrList, ConfigKeys};
 pub use validate::{Config, check_ifname};
 
 /// A configuration problem, naming the key.

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use super::*;
 use crate::verbs::Gid;
 use crate::wire::ipv4::Ipv4Cidr;
+use crate::wire::translate::MAX_ADDR6;
 
 fn base() -> ConfigKeys {
     ConfigKeys {
@@ -280,4 +281,197 @@ fn cidr_contains() {
     let c: Ipv4Cidr = "198.18.1.1/24".parse().unwrap();
     assert!(c.contains(Ipv4Addr::new(198, 18, 1, 200)));
     assert!(!c.contains(Ipv4Addr::new(198, 18, 2, 1)));
+}
+
+fn with_addrs(list: &[&str]) -> ConfigKeys {
+    ConfigKeys {
+        addr: Some(AddrList(list.iter().map(|s| s.to_string()).collect())),
+        ..base()
+    }
+}
+
+/// The `why` of an `addr` refusal (the test fails on any other outcome).
+fn addr_refusal(list: &[&str]) -> String {
+    match Config::from_keys(with_addrs(list)) {
+        Err(ConfigError::Invalid { key: "addr", why }) => why,
+        other => panic!("{list:?}: expected an addr error, got {other:?}"),
+    }
+}
+
+#[test]
+fn addr_takes_one_ipv4_and_ipv6_addresses() {
+    let c = Config::from_keys(with_addrs(&[
+        "2001:2:0:1::1/64",
+        "198.18.1.1/24",
+        "2001:2:0:2::1/127",
+    ]))
+    .unwrap();
+    assert_eq!(c.addr, "198.18.1.1/24".parse().unwrap());
+    let six: Vec<String> = c.addr6.iter().map(|a| a.to_string()).collect();
+    assert_eq!(six, ["2001:2:0:1::1/64", "2001:2:0:2::1/127"]);
+    assert_eq!(c.iface_config().addr6, c.addr6);
+    // IPv4 alone: no IPv6 addresses.
+    assert!(Config::from_keys(base()).unwrap().addr6.is_empty());
+    // As many IPv6 addresses as the datapath carries.
+    let many: Vec<String> = (1..=MAX_ADDR6)
+        .map(|i| format!("2001:2:0:{i}::1/64"))
+        .collect();
+    let mut list: Vec<&str> = many.iter().map(String::as_str).collect();
+    list.push("198.18.1.1/24");
+    assert_eq!(
+        Config::from_keys(with_addrs(&list)).unwrap().addr6.len(),
+        MAX_ADDR6
+    );
+}
+
+#[test]
+fn each_bad_addr_is_refused_naming_the_value() {
+    // No IPv4 address, or an empty list.
+    let why = addr_refusal(&["2001:2:0:1::1/64"]);
+    assert!(why.contains("an IPv4 address is required"), "{why}");
+    assert!(why.contains("ARP"), "{why}");
+    assert!(why.contains("2001:2:0:1::1/64"), "{why}");
+    let why = addr_refusal(&[]);
+    assert!(why.contains("an IPv4 address is required"), "{why}");
+    // Two IPv4 addresses.
+    let why = addr_refusal(&["198.18.1.1/24", "198.18.2.1/24"]);
+    assert!(why.contains("198.18.2.1/24"), "{why}");
+    assert!(why.contains("only one IPv4 address"), "{why}");
+    // The IPv4 prefix rule, for the list form too.
+    let why = addr_refusal(&["2001:2:0:1::1/64", "198.18.1.1/31"]);
+    assert!(
+        why.contains("198.18.1.1/31") && why.contains("/31"),
+        "{why}"
+    );
+    // A /128 leaves no on-link peer.
+    let why = addr_refusal(&["198.18.1.1/24", "2001:2:0:1::1/128"]);
+    assert!(why.contains("2001:2:0:1::1/128"), "{why}");
+    assert!(why.contains("/128") && why.contains("/127"), "{why}");
+    // Duplicates, also with another prefix.
+    for list in [
+        ["198.18.1.1/24", "2001:2:0:1::1/64", "2001:2:0:1::1/64"],
+        ["198.18.1.1/24", "2001:2:0:1::1/64", "2001:2:0:1:0::1/80"],
+    ] {
+        let why = addr_refusal(&list);
+        assert!(why.contains("2001:2:0:1::1 is given twice"), "{why}");
+        assert!(why.contains(list[2]), "{why}");
+    }
+    let why = addr_refusal(&["198.18.1.1/24", "198.18.1.1/24"]);
+    assert!(why.contains("198.18.1.1 is given twice"), "{why}");
+    // Link-local: the kernel makes it from the MAC.
+    for ll in ["fe80::1/64", "febf::1/64"] {
+        let why = addr_refusal(&["198.18.1.1/24", ll]);
+        assert!(why.contains(ll), "{why}");
+        assert!(why.contains("link-local") && why.contains("MAC"), "{why}");
+    }
+    assert!(
+        Config::from_keys(with_addrs(&["198.18.1.1/24", "fec0::1/64"])).is_ok(),
+        "fec0::/10 is outside fe80::/10"
+    );
+    // One too many IPv6 addresses.
+    let many: Vec<String> = (0..=MAX_ADDR6)
+        .map(|i| format!("2001:2:0:{i}::1/64"))
+        .collect();
+    let mut list = vec!["198.18.1.1/24"];
+    list.extend(many.iter().map(String::as_str));
+    let why = addr_refusal(&list);
+    assert!(why.contains(&format!("at most {MAX_ADDR6} IPv6")), "{why}");
+    assert!(why.contains(&many[MAX_ADDR6]), "{why}");
+    // Values that are no address of either kind, or not an interface address.
+    for (bad, says) in [
+        ("2001:2:0:1::1", "ADDRESS/PREFIX"),
+        ("2001:2:0:1::1/129", "prefix"),
+        ("2001:2:0:1::1/x", "prefix"),
+        ("ff02::1/64", "cannot be an interface address"),
+        ("::1/64", "cannot be an interface address"),
+        ("::ffff:198.18.1.1/120", "IPv4-mapped"),
+        ("198.18.1/24", "neither an IPv4 nor an IPv6 address"),
+        ("uip0/24", "neither an IPv4 nor an IPv6 address"),
+    ] {
+        let why = addr_refusal(&["198.18.1.1/24", bad]);
+        assert!(why.contains(bad), "{bad}: {why}");
+        assert!(why.contains(says), "{bad}: {why}");
+    }
+    // IPv6 needs an MTU of 1280 or more; IPv4 alone does not.
+    let small = ConfigKeys {
+        mtu: Some(1020),
+        ..with_addrs(&["198.18.1.1/24", "2001:2:0:1::1/64"])
+    };
+    match Config::from_keys(small) {
+        Err(ConfigError::Invalid { key: "mtu", why }) => assert!(why.contains("1280"), "{why}"),
+        other => panic!("expected an mtu error, got {other:?}"),
+    }
+    let small = ConfigKeys {
+        mtu: Some(1020),
+        ..base()
+    };
+    assert_eq!(Config::from_keys(small).unwrap().mtu, Some(1020));
+}
+
+#[test]
+fn file_addr_is_a_string_or_a_list() {
+    let head = "device = \"rxe0\"\ntap = \"uip0\"\n";
+    let one = ConfigKeys::parse(&format!("{head}addr = \"198.18.1.1/24\"\n")).unwrap();
+    assert_eq!(one.addr, Some(AddrList(vec!["198.18.1.1/24".into()])));
+    let c = Config::from_keys(one).unwrap();
+    assert!(c.addr6.is_empty());
+    let list = ConfigKeys::parse(&format!(
+        "[interface]\n{head}addr = [\"198.18.1.1/24\", \"2001:2:0:1::1/64\"]\n"
+    ))
+    .unwrap();
+    let c = Config::from_keys(list).unwrap();
+    assert_eq!(c.addr, "198.18.1.1/24".parse().unwrap());
+    assert_eq!(c.addr6, vec!["2001:2:0:1::1/64".parse().unwrap()]);
+    // A list of one works as the string does.
+    let c = Config::from_keys(
+        ConfigKeys::parse(&format!("{head}addr = [\"198.18.1.1/24\"]\n")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(c.addr, "198.18.1.1/24".parse().unwrap());
+    // Wrong types name the key and the line, in either form.
+    for bad in [
+        "addr = 5",
+        "addr = [\"198.18.1.1/24\", 5]",
+        "addr = { v4 = \"198.18.1.1/24\" }",
+        "addr = [[\"198.18.1.1/24\"]]",
+    ] {
+        let err = ConfigKeys::parse(&format!("{head}{bad}\n")).unwrap_err();
+        assert!(err.contains("addr"), "{bad}: {err}");
+        assert!(err.contains("line 3"), "{bad}: {err}");
+    }
+    let err = ConfigKeys::parse(&format!("{head}addr = 5\n")).unwrap_err();
+    assert!(
+        err.contains("an address/prefix string or a list of them"),
+        "{err}"
+    );
+}
+
+#[test]
+fn command_line_addrs_replace_the_files_list() {
+    let file = ConfigKeys::parse(
+        "device = \"rxe0\"\ntap = \"uip0\"\naddr = [\"198.18.1.1/24\", \"2001:2:0:1::1/64\"]\n",
+    )
+    .unwrap();
+    // Only an IPv4 address on the command line: the file's IPv6 one is gone too.
+    let flags = ConfigKeys {
+        addr: Some("198.18.9.1/24".into()),
+        ..Default::default()
+    };
+    let c = Config::from_keys(flags.or(file.clone())).unwrap();
+    assert_eq!(c.addr, "198.18.9.1/24".parse().unwrap());
+    assert!(c.addr6.is_empty(), "{:?}", c.addr6);
+    // Only IPv6 on the command line: the file's IPv4 address is not kept either.
+    let flags = ConfigKeys {
+        addr: Some("2001:2:0:9::1/64".into()),
+        ..Default::default()
+    };
+    match Config::from_keys(flags.or(file.clone())) {
+        Err(ConfigError::Invalid { key: "addr", why }) => {
+            assert!(why.contains("an IPv4 address is required"), "{why}")
+        }
+        other => panic!("expected an addr error, got {other:?}"),
+    }
+    // No addresses on the command line: the file's list as it is.
+    let c = Config::from_keys(ConfigKeys::default().or(file)).unwrap();
+    assert_eq!(c.addr6.len(), 1);
 }

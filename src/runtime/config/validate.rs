@@ -2,6 +2,7 @@
 //! or a [`ConfigError`] naming the key; and the interface parameters a `Config` yields.
 
 use crate::iface::recovery::Policy;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -11,7 +12,8 @@ use crate::iface::IfaceConfig;
 use crate::verbs::{EndpointConfig, Gid};
 use crate::wire::ipoib;
 use crate::wire::ipv4::Ipv4Cidr;
-use crate::wire::ipv6::Ipv6Cidr;
+use crate::wire::ipv6::{self, Ipv6Cidr};
+use crate::wire::translate::MAX_ADDR6;
 
 /// A validated interface configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -118,6 +120,85 @@ pub fn check_ifname(key: &'static str, name: &str) -> Result<(), ConfigError> {
     }
 }
 
+fn bad_addr(why: String) -> ConfigError {
+    ConfigError::Invalid { key: "addr", why }
+}
+
+/// The `addr` list: exactly one IPv4 address (ARP finds the neighbours, and the IPoIB
+/// hardware address stands for it) and up to [`MAX_ADDR6`] IPv6 ones, none twice, no
+/// link-local one. Each refusal names the offending value.
+fn parse_addrs(list: &[String]) -> Result<(Ipv4Cidr, Vec<Ipv6Cidr>), ConfigError> {
+    let mut v4: Option<Ipv4Cidr> = None;
+    let mut v6: Vec<Ipv6Cidr> = Vec::new();
+    for s in list {
+        let Some((a, _)) = s.split_once('/') else {
+            return Err(bad_addr(format!(
+                "{s:?} is not ADDRESS/PREFIX (e.g. 198.18.1.1/24 or 2001:2:0:1::1/64)"
+            )));
+        };
+        if a.parse::<Ipv4Addr>().is_ok() {
+            let c: Ipv4Cidr = s.parse().map_err(|why| bad_addr(format!("{s}: {why}")))?;
+            if c.prefix > 30 {
+                return Err(bad_addr(format!(
+                    "{s}: prefix /{} leaves no room for a peer",
+                    c.prefix
+                )));
+            }
+            match v4 {
+                Some(first) if first.addr == c.addr => {
+                    return Err(bad_addr(format!("{s}: {} is given twice", c.addr)));
+                }
+                Some(first) => {
+                    return Err(bad_addr(format!(
+                        "{s}: only one IPv4 address per interface ({first} is already given)"
+                    )));
+                }
+                None => v4 = Some(c),
+            }
+        } else if a.parse::<Ipv6Addr>().is_ok() {
+            let c: Ipv6Cidr = s.parse().map_err(|why| bad_addr(format!("{s}: {why}")))?;
+            if ipv6::is_link_local(&c.addr) {
+                return Err(bad_addr(format!(
+                    "{s}: a link-local address (fe80::/10) cannot be given; the kernel \
+                     derives the TAP's link-local address from its MAC"
+                )));
+            }
+            if c.prefix > 127 {
+                return Err(bad_addr(format!(
+                    "{s}: prefix /{} leaves no room for an on-link peer (at most /127)",
+                    c.prefix
+                )));
+            }
+            if v6.iter().any(|o| o.addr == c.addr) {
+                return Err(bad_addr(format!("{s}: {} is given twice", c.addr)));
+            }
+            if v6.len() == MAX_ADDR6 {
+                return Err(bad_addr(format!(
+                    "{s}: at most {MAX_ADDR6} IPv6 addresses per interface"
+                )));
+            }
+            v6.push(c);
+        } else {
+            return Err(bad_addr(format!(
+                "{s:?}: {a:?} is neither an IPv4 nor an IPv6 address"
+            )));
+        }
+    }
+    let v4 = v4.ok_or_else(|| {
+        bad_addr(match list.len() {
+            0 => "an empty list: an IPv4 address is required (ARP bootstraps the \
+                  neighbour table)"
+                .to_string(),
+            _ => format!(
+                "{}: an IPv4 address is required besides IPv6 ones (ARP bootstraps the \
+                 neighbour table)",
+                list.join(", ")
+            ),
+        })
+    })?;
+    Ok((v4, v6))
+}
+
 impl Config {
     /// Validate a merged set of keys.
     pub fn from_keys(f: ConfigKeys) -> Result<Config, ConfigError> {
@@ -134,16 +215,8 @@ impl Config {
         }
         let tap = f.tap.ok_or_else(|| missing("tap"))?;
         check_ifname("tap", &tap)?;
-        let addr_s = f.addr.ok_or_else(|| missing("addr"))?;
-        let addr: Ipv4Cidr = addr_s
-            .parse()
-            .map_err(|why| ConfigError::Invalid { key: "addr", why })?;
-        if addr.prefix > 30 {
-            return Err(ConfigError::Invalid {
-                key: "addr",
-                why: format!("prefix /{} leaves no room for a peer", addr.prefix),
-            });
-        }
+        let addrs = f.addr.ok_or_else(|| missing("addr"))?;
+        let (addr, addr6) = parse_addrs(&addrs.0)?;
         let port = f.port.unwrap_or(1);
         if port == 0 {
             return Err(ConfigError::Invalid {
@@ -155,6 +228,18 @@ impl Config {
             Some(m) => Some(check_range("mtu", m, MIN_IPOIB_MTU, MAX_IPOIB_MTU)?),
             None => None,
         };
+        if let Some(m) = mtu
+            && m < MIN_IPV6_MTU
+            && !addr6.is_empty()
+        {
+            return Err(ConfigError::Invalid {
+                key: "mtu",
+                why: format!(
+                    "{m} is below {MIN_IPV6_MTU}, the least IPv6 runs over, and addr has \
+                     IPv6 addresses"
+                ),
+            });
+        }
         let ring = |key, v: Option<u32>, d| -> Result<u32, ConfigError> {
             let v = check_range(key, v.unwrap_or(d), 2, 16384)?;
             if !v.is_power_of_two() {
@@ -267,7 +352,7 @@ impl Config {
             gid_index: f.gid_index,
             tap,
             addr,
-            addr6: Vec::new(),
+            addr6,
             mtu,
             budget,
             control,

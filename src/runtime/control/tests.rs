@@ -290,10 +290,12 @@ fn stats_status_and_junk() {
     let path = tmp_sock("a");
     let st = Arc::new(Stats::default());
     stats::add(&st.rx_packets, 5);
-    st.count_drop(DropReason::TxIpv6);
+    st.count_drop(DropReason::TxBadIpv6);
     let status = Arc::new(Mutex::new(Status {
         state: "running".into(),
         tap: "uip0".into(),
+        addr: "198.18.1.1/24".into(),
+        addr6: vec!["2001:2:0:1::1/64".into()],
         ..Default::default()
     }));
     let (ctx, crx) = crossbeam_channel::unbounded();
@@ -304,9 +306,12 @@ fn stats_status_and_junk() {
     assert_eq!(mode, 0o600);
     let v = request(&path, "stats").unwrap();
     assert_eq!(v["stats"]["rx_packets"], 5);
-    assert_eq!(v["stats"]["drops"]["tx_ipv6"], 1);
+    assert_eq!(v["stats"]["drops"]["tx_bad_ipv6"], 1);
     let v = request(&path, "status").unwrap();
     assert_eq!(v["status"]["tap"], "uip0");
+    // The IPv4 address where it always was, the IPv6 ones as a list beside it.
+    assert_eq!(v["status"]["addr"], "198.18.1.1/24", "{v}");
+    assert_eq!(v["status"]["addr6"], json!(["2001:2:0:1::1/64"]), "{v}");
     request(&path, "restart").unwrap();
     assert_eq!(crx.try_recv(), Ok(Order::Restart));
     let v = request_json(

@@ -85,8 +85,11 @@ pub struct Status {
     pub gid: String,
     /// IPoIB MTU.
     pub mtu: u32,
-    /// Interface address.
+    /// Interface address (IPv4).
     pub addr: String,
+    /// IPv6 addresses besides the link-local one the kernel derives from the TAP's MAC.
+    #[serde(default)]
+    pub addr6: Vec<String>,
     /// Restart epoch (1 at start).
     pub epoch: u16,
     /// Restarts completed.

@@ -13,12 +13,16 @@ mod tx;
 #[cfg(test)]
 mod tests;
 
-pub use rx::{ArpSender, Received, RecvMeta, RxFact, RxVerdict, Standing, receive};
-pub use tx::{Body, Otherwise, Route, TxPlan, arp_request, emit_arp, plan_send};
+pub use rx::{
+    ArpSender, NdSender, Received, RecvMeta, RxFact, RxVerdict, Sender, Standing, receive,
+};
+pub use tx::{Body, Otherwise, Route, TxPlan, arp_request, emit_arp, emit_nd, plan_send};
 
 use super::eth::Mac;
 use super::ipoib::IpoibAddr;
 use super::ipv4::Ipv4Cidr;
+use super::ipv6::{self, Ipv6Cidr};
+use std::net::Ipv6Addr;
 
 /// Who this interface is, as both sides of the translation need it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,8 +31,62 @@ pub struct Local {
     pub hw: IpoibAddr,
     /// The MAC the TAP carries.
     pub mac: Mac,
-    /// Its address and subnet.
+    /// Its IPv4 address and subnet.
     pub addr: Ipv4Cidr,
+    /// Its IPv6 addresses.
+    pub addr6: Addrs6,
+}
+
+/// An interface's IPv6 addresses: the link-local one the kernel derives from the TAP's
+/// MAC, and up to [`MAX_ADDR6`] others with their prefixes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Addrs6 {
+    /// The link-local address (modified EUI-64 of the MAC).
+    pub link_local: Ipv6Addr,
+    global: [Option<Ipv6Cidr>; MAX_ADDR6],
+}
+
+impl Addrs6 {
+    /// The addresses of an interface whose TAP has `mac`, with `others` (the first
+    /// [`MAX_ADDR6`] of them).
+    pub fn new(mac: Mac, others: &[Ipv6Cidr]) -> Addrs6 {
+        let mut global = [None; MAX_ADDR6];
+        for (slot, a) in global.iter_mut().zip(others) {
+            *slot = Some(*a);
+        }
+        Addrs6 {
+            link_local: ipv6::link_local_for_mac(mac.0),
+            global,
+        }
+    }
+
+    /// Every address: the link-local one first.
+    pub fn iter(&self) -> impl Iterator<Item = Ipv6Addr> + '_ {
+        std::iter::once(self.link_local).chain(self.global.iter().flatten().map(|c| c.addr))
+    }
+
+    /// Whether `ip` is one of them.
+    pub fn is_own(&self, ip: &Ipv6Addr) -> bool {
+        self.iter().any(|a| a == *ip)
+    }
+
+    /// Whether `ip` is on this link: link-local, or inside one of the prefixes.
+    pub fn on_link(&self, ip: &Ipv6Addr) -> bool {
+        ipv6::is_link_local(ip) || self.global.iter().flatten().any(|c| c.contains(ip))
+    }
+
+    /// The address to send from to reach `dst`: one whose prefix holds it, else the
+    /// link-local one.
+    pub fn source_for(&self, dst: &Ipv6Addr) -> Ipv6Addr {
+        if ipv6::is_link_local(dst) {
+            return self.link_local;
+        }
+        self.global
+            .iter()
+            .flatten()
+            .find(|c| c.contains(dst))
+            .map_or(self.link_local, |c| c.addr)
+    }
 }
 
 /// Why a receive is not written to the TAP.
@@ -52,6 +110,18 @@ pub enum RxDrop {
     ArpOffSubnet,
     /// An IPv4 header that does not parse.
     BadIpv4,
+    /// An IPv6 header (or extension header) that does not parse.
+    BadIpv6,
+    /// A neighbour discovery message that fails RFC 4861's checks, or whose link-layer
+    /// address names an impossible sender.
+    BadNd,
+    /// A neighbour discovery message whose own link-layer address (source option of a
+    /// solicitation or router message, target option of an advertisement) is not the
+    /// packet's real source.
+    NdSpoofed,
+    /// A neighbour discovery message claiming an address that is not on this link
+    /// (neither link-local nor inside one of the interface's prefixes).
+    NdOffLink,
     /// An EtherType that is not carried.
     Unsupported,
 }
@@ -63,14 +133,20 @@ pub enum TxDrop {
     Short,
     /// VLAN-tagged.
     Vlan,
-    /// IPv6 (not carried until neighbour discovery is translated).
-    Ipv6,
     /// Another EtherType.
     Unsupported,
     /// An IPv4 payload larger than the MTU (or than the send buffer).
     Oversized,
     /// An IPv4 header that does not parse.
     BadIpv4,
+    /// An IPv6 header (or extension header) that does not parse.
+    BadIpv6,
+    /// A neighbour discovery message that fails RFC 4861's checks.
+    BadNd,
+    /// A neighbour discovery message whose link-layer address option names a MAC that is
+    /// neither this interface's nor a known peer's (proxy neighbour discovery is not
+    /// carried).
+    NdForeignLinkAddr,
     /// An ARP that does not parse or does not fit the send buffer.
     BadArp,
     /// An ARP reply to a MAC that stands for no known peer.

@@ -1,6 +1,6 @@
 //! Receive: one UD receive in, one Ethernet frame for the TAP out.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use super::{Local, RxDrop};
 use crate::wire::arp::{self, IpoibArp};
@@ -8,7 +8,9 @@ use crate::wire::eth::{self, EthHeader, Mac, mac_for_gid, multicast_mac};
 use crate::wire::grh::{self, GRH_LEN, GrhKind};
 use crate::wire::ipoib::{self, IpoibAddr, MULTICAST_QPN};
 use crate::wire::ipv4::{self, Ipv4Cidr};
-use crate::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4, WireError};
+use crate::wire::ipv6::{self, Ipv6Summary, PROTO_ICMPV6};
+use crate::wire::ndisc::{self, NA_OVERRIDE, NA_SOLICITED};
+use crate::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6, WireError};
 
 /// What the completion reports of one receive, besides its bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,34 +21,47 @@ pub struct RecvMeta {
     pub has_grh: bool,
 }
 
-/// How far an ARP's claim about its sender may be believed, by what the message is.
+/// How far an ARP's or a neighbour discovery message's claim about its sender may be believed, by what the message is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Standing {
-    /// A reply, or a request for this interface's address: the sender talks to us.
+    /// A reply, or a request for this interface's address (ARP); a solicited
+    /// advertisement, or a solicitation for one of this interface's addresses (ND): the
+    /// sender talks to us.
     Addressed,
-    /// A gratuitous announcement (sender address = target address).
+    /// A gratuitous announcement (ARP: sender address = target address; ND: an
+    /// unsolicited advertisement with the override flag).
     Announcement,
-    /// Any other ARP: overheard.
+    /// Any other message: overheard.
     Overheard,
 }
 
-/// What an ARP that parsed says about its sender.
+/// What an ARP or neighbour discovery message that parsed says about its sender.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ArpSender {
+pub enum Sender<I> {
     /// Refused by the checks (the verdict says why): nothing to learn.
     Refused,
-    /// An address probe (sender 0.0.0.0, RFC 5227): passed on, never learned.
+    /// An address probe (ARP sender 0.0.0.0, RFC 5227; a duplicate address detection
+    /// solicitation from ::, RFC 4862): passed on, never learned.
     Probe,
+    /// A message naming no link-layer address of its sender (an advertisement without
+    /// a target option, a router solicitation without a source option, a redirect):
+    /// passed on, nothing to learn.
+    Silent,
     /// A claim that passed every check: `ip` is at `hw`, the packet's real source.
     Claim {
         /// The sender's address.
-        ip: Ipv4Addr,
+        ip: I,
         /// The sender's IPoIB address.
         hw: IpoibAddr,
         /// How far it may be believed.
         standing: Standing,
     },
 }
+
+/// What an ARP says about its sender.
+pub type ArpSender = Sender<Ipv4Addr>;
+/// What a neighbour discovery message says about its sender.
+pub type NdSender = Sender<Ipv6Addr>;
 
 /// What one receive means for the neighbour table and the counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +72,8 @@ pub enum RxFact {
     OwnLoopback,
     /// An ARP message that parsed.
     Arp(ArpSender),
+    /// A neighbour discovery message that parsed.
+    Nd(NdSender),
     /// A data packet from `from`, as the hardware reports it (the GRH's source GID and
     /// the completion's source QPN).
     Data {
@@ -158,36 +175,177 @@ pub fn receive(
             } else {
                 local.mac
             };
-            let total = eth::HEADER_LEN + payload.len();
-            if total > frame.len() {
-                return Received::drop(fact, RxDrop::Short);
-            }
-            let h = EthHeader {
+            write_ip(
+                frame,
                 dst,
-                src: mac_for_gid(&g.sgid),
-                ethertype: ETHERTYPE_IPV4,
-            };
-            if eth::emit_header(frame, &h).is_err() {
-                return Received::drop(fact, RxDrop::Short);
-            }
-            frame[eth::HEADER_LEN..total].copy_from_slice(payload);
-            Received {
+                mac_for_gid(&g.sgid),
+                ETHERTYPE_IPV4,
+                payload,
                 fact,
-                verdict: RxVerdict::Deliver(total),
+            )
+        }
+        ETHERTYPE_IPV6 => {
+            let Ok(s) = ipv6::parse_summary(payload) else {
+                return Received::drop(Nothing, RxDrop::BadIpv6);
+            };
+            let payload = &payload[..s.total_len];
+            if let Some((PROTO_ICMPV6, at)) = s.upper
+                && payload.get(at).is_some_and(|t| ndisc::is_nd(*t))
+            {
+                return receive_nd(payload, &s, at, src_hw, g.sgid, local, frame);
             }
+            let fact = RxFact::Data { from: src_hw };
+            let dst = if s.dst.is_multicast() {
+                Mac(ipv6::multicast_mac_octets(&s.dst))
+            } else {
+                local.mac
+            };
+            write_ip(
+                frame,
+                dst,
+                mac_for_gid(&g.sgid),
+                ETHERTYPE_IPV6,
+                payload,
+                fact,
+            )
         }
         _ => Received::drop(Nothing, RxDrop::Unsupported),
     }
 }
 
+/// An IP packet behind an Ethernet header in `frame`.
+fn write_ip(
+    frame: &mut [u8],
+    dst: Mac,
+    src: Mac,
+    ethertype: u16,
+    packet: &[u8],
+    fact: RxFact,
+) -> Received {
+    let total = eth::HEADER_LEN + packet.len();
+    if total > frame.len() {
+        return Received::drop(fact, RxDrop::Short);
+    }
+    let h = EthHeader {
+        dst,
+        src,
+        ethertype,
+    };
+    if eth::emit_header(frame, &h).is_err() {
+        return Received::drop(fact, RxDrop::Short);
+    }
+    frame[eth::HEADER_LEN..total].copy_from_slice(packet);
+    Received {
+        fact,
+        verdict: RxVerdict::Deliver(total),
+    }
+}
+
+/// A neighbour discovery message from `src_hw` (whose GID is `sgid`), checked and
+/// written in its Ethernet form.
+///
+/// The message's own link-layer address (the source option of a solicitation or a
+/// router message, the target option of an advertisement) must be the packet's real
+/// source, and the address it claims (the source address; an advertisement's target)
+/// must be on this link. A redirect's target option names another host: it is checked
+/// to be possible, not believed.
+fn receive_nd(
+    packet: &[u8],
+    s: &Ipv6Summary,
+    at: usize,
+    src_hw: IpoibAddr,
+    sgid: crate::wire::gid::Gid,
+    local: &Local,
+    frame: &mut [u8],
+) -> Received {
+    let refused = RxFact::Nd(Sender::Refused);
+    let Ok(nd) = ndisc::parse::<IpoibAddr>(packet, s, at) else {
+        return Received::drop(RxFact::None, RxDrop::BadNd);
+    };
+    if [nd.source_ll, nd.target_ll]
+        .iter()
+        .flatten()
+        .any(|a| !is_possible_sender(a))
+    {
+        return Received::drop(refused, RxDrop::BadNd);
+    }
+    let (own_ll, claimed) = match nd.kind {
+        ndisc::NEIGHBOUR_ADVERT => (nd.target_ll, nd.target),
+        ndisc::REDIRECT => (None, None),
+        _ => (nd.source_ll, Some(nd.src)),
+    };
+    if own_ll.is_some_and(|a| a != src_hw) {
+        return Received::drop(refused, RxDrop::NdSpoofed);
+    }
+    let sender = match (own_ll, claimed) {
+        (_, Some(ip)) if ip.is_unspecified() => {
+            if nd.kind == ndisc::NEIGHBOUR_SOLICIT {
+                Sender::Probe
+            } else {
+                Sender::Silent
+            }
+        }
+        (Some(hw), Some(ip)) => {
+            if !local.addr6.on_link(&ip) {
+                return Received::drop(refused, RxDrop::NdOffLink);
+            }
+            let standing = match nd.kind {
+                ndisc::NEIGHBOUR_SOLICIT if nd.target.is_some_and(|t| local.addr6.is_own(&t)) => {
+                    Standing::Addressed
+                }
+                ndisc::NEIGHBOUR_ADVERT if nd.flags & NA_SOLICITED != 0 => Standing::Addressed,
+                ndisc::NEIGHBOUR_ADVERT if nd.flags & NA_OVERRIDE != 0 => Standing::Announcement,
+                _ => Standing::Overheard,
+            };
+            Sender::Claim { ip, hw, standing }
+        }
+        _ => Sender::Silent,
+    };
+    let fact = RxFact::Nd(sender);
+    let to_mac = |a: IpoibAddr| {
+        if a.gid == local.hw.gid {
+            local.mac
+        } else {
+            mac_for_gid(&a.gid)
+        }
+    };
+    let dst = if s.dst.is_multicast() {
+        Mac(ipv6::multicast_mac_octets(&s.dst))
+    } else {
+        local.mac
+    };
+    let h = EthHeader {
+        dst,
+        src: mac_for_gid(&sgid),
+        ethertype: ETHERTYPE_IPV6,
+    };
+    if eth::emit_header(frame, &h).is_err() {
+        return Received::drop(fact, RxDrop::Short);
+    }
+    match nd.translate(
+        packet,
+        nd.source_ll.map(to_mac),
+        nd.target_ll.map(to_mac),
+        &mut frame[eth::HEADER_LEN..],
+    ) {
+        Ok(n) => Received {
+            fact,
+            verdict: RxVerdict::Deliver(eth::HEADER_LEN + n),
+        },
+        Err(_) => Received::drop(fact, RxDrop::Short),
+    }
+}
+
+/// Whether an IPoIB address could be a sender's: not zero, a unicast non-zero GID, a
+/// QPN that can send.
+fn is_possible_sender(a: &IpoibAddr) -> bool {
+    !a.is_zero() && !a.gid.is_multicast() && !a.gid.is_zero() && !is_reserved_qpn(a.qpn)
+}
+
 /// An ARP from `src_hw`, checked and written in its Ethernet form.
 fn receive_arp(a: &IpoibArp, src_hw: IpoibAddr, local: &Local, frame: &mut [u8]) -> Received {
     let refused = RxFact::Arp(ArpSender::Refused);
-    if a.sha.is_zero()
-        || a.sha.gid.is_multicast()
-        || a.sha.gid.is_zero()
-        || is_reserved_qpn(a.sha.qpn)
-    {
+    if !is_possible_sender(&a.sha) {
         return Received::drop(refused, RxDrop::BadArp);
     }
     // Believed only from its real source: the claimed sender must be the QP and GID the

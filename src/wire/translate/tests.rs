@@ -4,6 +4,8 @@ use std::net::Ipv4Addr;
 
 use proptest::prelude::*;
 
+mod v6;
+
 use super::*;
 use crate::wire::arp::{self, EthArp, IpoibArp};
 use crate::wire::eth::{self, EthHeader, mac_for_gid, multicast_mac};
@@ -15,6 +17,10 @@ use crate::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6, ETHERTYPE_VLAN,
 
 const OWN_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const PEER_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+const OWN_IP6_ADDR: &str = "2001:2:0:1::1";
+const PEER_IP6_ADDR: &str = "2001:2:0:1::2";
+const OWN_IP6: &str = "2001:2:0:1::1/64";
+const PEER_IP6: &str = "2001:2:0:1::2/64";
 const OWN_QPN: u32 = 0x11;
 const PEER_QPN: u32 = 0x22;
 
@@ -38,6 +44,7 @@ fn local() -> Local {
             addr: OWN_IP,
             prefix: 24,
         },
+        addr6: Addrs6::new(mac_for_gid(&own_gid()), &[OWN_IP6.parse().unwrap()]),
     }
 }
 
@@ -276,10 +283,10 @@ fn every_receive_drop_reason() {
             nothing(RxDrop::BadIpv4),
         ),
         (
-            "IPv6",
+            "an IPv6 EtherType in front of an IPv4 packet",
             from_peer(ETHERTYPE_IPV6, &ip),
             meta(PEER_QPN),
-            nothing(RxDrop::Unsupported),
+            nothing(RxDrop::BadIpv6),
         ),
         (
             "another EtherType",
@@ -659,9 +666,9 @@ fn every_send_drop_reason() {
             TxDrop::Vlan,
         ),
         (
-            "IPv6",
+            "IPv6 header that does not parse",
             eth_frame(peer, ETHERTYPE_IPV6, &[0x60; 50]),
-            TxDrop::Ipv6,
+            TxDrop::BadIpv6,
         ),
         (
             "another EtherType",
@@ -713,7 +720,7 @@ fn ipv4_goes_to_its_peer_or_the_group() {
             PEER_IP,
             Route::Peer {
                 mac: peer,
-                otherwise: Otherwise::Resolve(PEER_IP),
+                otherwise: Otherwise::Resolve(PEER_IP.into()),
             },
         ),
         (
@@ -722,7 +729,7 @@ fn ipv4_goes_to_its_peer_or_the_group() {
             Ipv4Addr::new(198, 18, 0, 77),
             Route::Peer {
                 mac: stranger,
-                otherwise: Otherwise::Resolve(Ipv4Addr::new(198, 18, 0, 77)),
+                otherwise: Otherwise::Resolve(Ipv4Addr::new(198, 18, 0, 77).into()),
             },
         ),
         (
@@ -871,6 +878,7 @@ fn what_is_sent_is_what_the_peer_receives() {
         hw: peer_hw(),
         mac: mac_for_gid(&peer_gid()),
         addr: local().addr,
+        addr6: Addrs6::new(mac_for_gid(&peer_gid()), &[PEER_IP6.parse().unwrap()]),
     };
     let mut frame = vec![0u8; 512];
     let r = receive(
