@@ -10,8 +10,8 @@
 #   lab_free_port                  a free TCP port on 127.0.0.1
 #   lab_vm_run OUTDIR SCRIPT_A SCRIPT_B   boot the two guests (the body of `scripts/lab vm run`)
 #   lab_guests OUTDIR SCRIPT_A SCRIPT_B   the same in a process of its own
-#   lab_vm_hosts OUTDIR N SCRIPT   boot N guests (h1..hN) on one vde switch, SCRIPT on each
-#                                  (the body of `scripts/lab vm hosts`)
+#   lab_vm_hosts OUTDIR N SCRIPT   boot N guests (h1..hN) on one segment (a bridge or a vde
+#                                  switch), SCRIPT on each (the body of `scripts/lab vm hosts`)
 #   lab_guests_hosts OUTDIR N SCRIPT      the same in a process of its own
 #   lab_target_dir                 cargo's target directory of the repo
 #   lab_cargo_build LOG ARGS...    cargo build ARGS at the repo root; prints ok / FAILED: why
@@ -27,7 +27,9 @@
 #   LAB_TIMEOUT       seconds to wait for both guests (default 600)
 #   LAB_MEM           MiB of RAM per guest (default 1024)
 #   LAB_SMP           vCPUs per guest (default 1)
-#   LAB_HOSTS_MTU     eth0's MTU in the guests of lab_vm_hosts (default 1500: a vde switch
+#   LAB_HOSTS_NET     the segment of lab_vm_hosts: bridge (default: a Linux bridge and one TAP
+#                     per guest in a network namespace of the run's own) or vde (a vde switch)
+#   LAB_HOSTS_MTU     eth0's MTU there (default 9000 on the bridge; 1500 on vde, which
 #                     carries no larger frame, docs/RXE-LAB.md)
 
 LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -55,6 +57,8 @@ LAB_INITRAMFS_FORMAT=1
 
 LAB__PIDS=() # QEMU processes of this run
 LAB__SWITCH_PIDS=() # vde switches of this run (stopped after the guests)
+LAB__NETNS=()       # network namespaces of this run (deleted after the guests)
+LAB__QEMU_PREFIX=() # what QEMU runs under (ip netns exec NS for the bridge)
 LAB__TMPS=() # temporary directories of this run
 
 lab__cleanup() {
@@ -311,11 +315,35 @@ lab__kill_guests() {
 }
 
 lab__kill_switches() {
-	local pid
+	local pid ns
 	for pid in "${LAB__SWITCH_PIDS[@]}"; do
 		kill -TERM "$pid" 2>/dev/null || true
 	done
 	LAB__SWITCH_PIDS=()
+	for ns in "${LAB__NETNS[@]}"; do
+		ip netns del "$ns" 2>/dev/null || true
+	done
+	LAB__NETNS=()
+}
+
+# lab__bridge N MTU: a network namespace of this run's own holding a bridge (no STP, no
+# multicast snooping: every frame floods, like a hub with learning) and TAPs
+# uipoib-h1..hN on it at MTU, for QEMU run in that namespace; nothing in it has an
+# address (IPv6 off), so only the guests' frames cross it.
+lab__bridge() {
+	local n=$1 mtu=$2 ns=uipoib-lab-$$ k
+	ip netns add "$ns" || lab_die "ip netns add $ns failed"
+	LAB__NETNS+=("$ns")
+	ip netns exec "$ns" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1 ||
+		lab_die "cannot turn IPv6 off in $ns"
+	ip -n "$ns" link add br0 type bridge stp_state 0 forward_delay 0 mcast_snooping 0 ||
+		lab_die "ip link add br0 type bridge failed in $ns"
+	for k in $(seq 1 "$n"); do
+		ip -n "$ns" tuntap add dev "uipoib-h$k" mode tap || lab_die "ip tuntap add uipoib-h$k failed"
+		ip -n "$ns" link set "uipoib-h$k" mtu "$mtu" master br0 up || lab_die "uipoib-h$k: mtu $mtu, br0, up failed"
+	done
+	ip -n "$ns" link set br0 mtu "$mtu" up || lab_die "br0 up failed"
+	LAB__QEMU_PREFIX=(ip netns exec "$ns")
 }
 
 # ROLE NETDEV(socket,listen=... | socket,connect=... | vde,sock=...) OUTDIR SCRIPT MAC [APPEND]
@@ -324,7 +352,7 @@ lab__qemu_guest() {
 	local append="console=ttyS0 panic=-1 oops=panic loglevel=6"
 	append+=" lab.role=$role lab.out=$out lab.script=$script lab.stage2=$LAB_GUEST_DIR/stage2"
 	[[ -z ${6:-} ]] || append+=" $6"
-	exec qemu-system-x86_64 \
+	exec "${LAB__QEMU_PREFIX[@]}" qemu-system-x86_64 \
 		-name "uipoib-lab-$role" \
 		-accel tcg,thread=multi -cpu max -smp "${LAB_SMP:-1}" -m "${LAB_MEM:-1024}" \
 		-nodefaults -no-user-config -display none -no-reboot \
@@ -424,8 +452,9 @@ lab_vm_run() {
 	return "$fail"
 }
 
-# lab_vm_hosts OUTDIR N SCRIPT: N guests (2..4), roles h1..hN, their NICs on one vde
-# switch (a private one, in a temporary directory, stopped at the end); SCRIPT runs on
+# lab_vm_hosts OUTDIR N SCRIPT: N guests (2..4), roles h1..hN, their NICs on one segment
+# (LAB_HOSTS_NET: a bridge in a network namespace of the run's own, or a private vde
+# switch in a temporary directory; either is removed at the end); SCRIPT runs on
 # each (LAB_HOST=K, LAB_NHOSTS=N tell them apart; lab/guest/stage2). Exit codes in
 # OUTDIR/hK.rc, logs in OUTDIR/hK.log; 1 if a guest did not exit 0.
 lab_vm_hosts() {
@@ -450,7 +479,12 @@ lab_vm_hosts() {
 	lab_kernel
 	lab_initramfs
 
-	local timeout=${LAB_TIMEOUT:-900} mtu=${LAB_HOSTS_MTU:-1500} k r
+	local timeout=${LAB_TIMEOUT:-900} net=${LAB_HOSTS_NET:-bridge} mtu k r
+	case "$net" in
+	bridge) mtu=${LAB_HOSTS_MTU:-9000} ;;
+	vde) mtu=${LAB_HOSTS_MTU:-1500} ;;
+	*) lab_die "LAB_HOSTS_NET must be bridge or vde, not '$net'" ;;
+	esac
 	[[ $mtu =~ ^[0-9]+$ ]] || lab_die "LAB_HOSTS_MTU must be a number, not '$mtu'"
 	for k in $(seq 1 "$n"); do
 		rm -f "$out/h$k.log" "$out/h$k.rc" "$out/h$k.console" "$out/h$k.qemu.log"
@@ -459,23 +493,32 @@ lab_vm_hosts() {
 	rm -rf "${out:?}/sync"
 	mkdir -p "$out/sync"
 
-	# The switch's socket directory must be short (a unix socket path) and private.
-	local sw
-	sw=$(mktemp -d /tmp/uipoib-vde.XXXXXX)
-	LAB__TMPS+=("$sw")
-	vde_switch -s "$sw/sw" -n 8 -d -p "$sw/pid" </dev/null >"$out/vde_switch.log" 2>&1 ||
-		lab_die "vde_switch -s $sw/sw -d failed: $(tail -n 3 "$out/vde_switch.log")"
-	for _ in $(seq 1 50); do
-		[[ -s $sw/pid && -S $sw/sw/ctl ]] && break
-		sleep 0.1
-	done
-	[[ -s $sw/pid && -S $sw/sw/ctl ]] || lab_die "vde_switch did not create $sw/sw/ctl"
-	LAB__SWITCH_PIDS=("$(<"$sw/pid")")
+	local sw=
+	if [[ $net == vde ]]; then
+		# The switch's socket directory must be short (a unix socket path) and private.
+		sw=$(mktemp -d /tmp/uipoib-vde.XXXXXX)
+		LAB__TMPS+=("$sw")
+		vde_switch -s "$sw/sw" -n 8 -d -p "$sw/pid" </dev/null >"$out/vde_switch.log" 2>&1 ||
+			lab_die "vde_switch -s $sw/sw -d failed: $(tail -n 3 "$out/vde_switch.log")"
+		for _ in $(seq 1 50); do
+			[[ -s $sw/pid && -S $sw/sw/ctl ]] && break
+			sleep 0.1
+		done
+		[[ -s $sw/pid && -S $sw/sw/ctl ]] || lab_die "vde_switch did not create $sw/sw/ctl"
+		LAB__SWITCH_PIDS=("$(<"$sw/pid")")
+	else
+		lab__bridge "$n" "$mtu"
+	fi
 
-	local start=$SECONDS pids=()
-	lab_log "kernel $LAB_KVER; booting $n guests on one vde switch (eth0 mtu $mtu; $script); out=$out; timeout ${timeout}s"
+	local start=$SECONDS pids=() nd
+	lab_log "kernel $LAB_KVER; booting $n guests on one $net segment (eth0 mtu $mtu; $script); out=$out; timeout ${timeout}s"
 	for k in $(seq 1 "$n"); do
-		lab__qemu_guest "h$k" "vde,sock=$sw/sw" "$out" "$script" "52:54:00:c6:13:0$k" \
+		if [[ $net == vde ]]; then
+			nd="vde,sock=$sw/sw"
+		else
+			nd="tap,ifname=uipoib-h$k,script=no,downscript=no"
+		fi
+		lab__qemu_guest "h$k" "$nd" "$out" "$script" "52:54:00:c6:13:0$k" \
 			"lab.hosts=$n lab.mtu=$mtu" &
 		pids+=($!)
 		LAB__PIDS=("${pids[@]}")

@@ -145,7 +145,7 @@ daemon_up() {
 			wait "$daemon" || rc=$?
 			echo "$rc" >"$LAB_OUT/uipoib-$LAB_ROLE.rc"
 			daemon=
-			state="daemon exited with $rc before $tap was up: $(tail -n 3 "$log" | tr '\n' ' ')"
+			state="daemon exited with $rc before $tap was up: $(tail -n 3 "$log" | sed 's/\x1b\[[0-9;]*m//g' | tr '\n' ' ')"
 			[[ -s $log ]] || state+="(no output)"
 			break
 		fi

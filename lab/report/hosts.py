@@ -1,4 +1,4 @@
-"""The report of `scripts/lab --hosts N`: N guests on one vde switch (lab/guest/hosts).
+"""The report of `scripts/lab --hosts N`: N guests on one segment (lab/guest/hosts).
 
 Reads OUTDIR/hosts.env, the steps each host recorded (OUTDIR/status/hK.STEP) and their
 numbers (OUTDIR/hosts/hK.facts, KEY=VALUE lines). A row per host: the segment's MTUs,
@@ -70,7 +70,7 @@ def hosts(a):
 
     f1 = rows.get("h1", {}).get("facts", {})
     L = [
-        f"uipoib lab: {n} hosts on one vde switch (kernel {env.get('LAB_KVER', '?')}; build: {build or '?'})",
+        f"uipoib lab: {n} hosts on one {env.get('LAB_HOSTS_NET', '?')} segment, eth0 MTU {env.get('LAB_HOSTS_MTU', '?')} (kernel {env.get('LAB_KVER', '?')}; build: {build or '?'})",
         f"  the segment: {f1.get('eth0_sweep', '?')} (ping -M do -s SIZE h1 -> h2 over eth0 at MTU 9000); "
         f"largest IP packet carried {f1.get('segment_mtu', '?')} bytes",
         f"  IPv6 steps: {'run' if env.get('LAB_IPV6') == '1' else env.get('LAB_IPV6_WHY', '?')}",
@@ -99,6 +99,8 @@ def hosts(a):
     L.extend(verdict([("Failures:", failures)], ok, False))
     rep = {
         "hosts": n,
+        "segment_kind": env.get("LAB_HOSTS_NET"),
+        "eth0_mtu": env.get("LAB_HOSTS_MTU"),
         "vm_rc": a.vm_rc,
         "elapsed_s": a.elapsed,
         "vm_elapsed_s": a.vm_elapsed,
