@@ -1,6 +1,7 @@
 //! Steady-state forwarding allocates nothing per packet.
 //!
-//! Two [`Interface`]s on the simulated fabric, introduced by ARP, forward IPv4 both ways
+//! Two [`Interface`]s on the simulated fabric, introduced by ARP, forward IPv4 (and, in a
+//! second test, IPv6) both ways
 //! (full-MTU packets one way, ACK-sized ones back, as a TCP stream does) through the
 //! whole datapath: TAP read, Ethernet → IPoIB, neighbour lookup, the send chain, the
 //! ledger, completions, GRH parsing, IPoIB → Ethernet, TAP write, receive re-posting.
@@ -70,6 +71,25 @@ fn steady_state_forwarding_allocates_nothing_per_packet() {
     assert_eq!(sa.drops_total() + sb.drops_total(), 0, "{sa:?} {sb:?}");
     p.a.ledger().check().unwrap();
     p.b.ledger().check().unwrap();
+}
+
+#[test]
+fn steady_state_ipv6_forwarding_allocates_nothing_per_packet() {
+    let mut p = Pair::new(4096, false);
+    let mtu = p.a.mtu();
+    p.set_traffic6(mtu, 60);
+    let (allocs, delivered) = measure(&mut p, ROUNDS);
+    assert_eq!(
+        delivered,
+        (2 * ROUNDS * BURST) as u64,
+        "every packet arrived"
+    );
+    assert_eq!(
+        allocs, 0,
+        "{allocs} heap allocations while forwarding {delivered} IPv6 packets"
+    );
+    let (sa, sb) = (p.a.stats().snapshot(), p.b.stats().snapshot());
+    assert_eq!(sa.drops_total() + sb.drops_total(), 0, "{sa:?} {sb:?}");
 }
 
 #[test]

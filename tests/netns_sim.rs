@@ -236,7 +236,8 @@ impl Pair {
     }
 }
 
-fn iperf(ns_server: &str, ns_client: &str, server: Ipv4Addr, udp: bool) -> f64 {
+fn iperf(ns_server: &str, ns_client: &str, server: impl Into<std::net::IpAddr>, udp: bool) -> f64 {
+    let server: std::net::IpAddr = server.into();
     let port = if udp { "5212" } else { "5211" };
     let mut srv = Command::new("ip")
         .args([
@@ -722,6 +723,83 @@ fn ipv6_addresses_and_ping6_across_two_namespaces() {
             );
         }
     }
+    // TCP over IPv6, both ways.
+    let g_b6: std::net::Ipv6Addr = g_b.parse().unwrap();
+    let g_a6: std::net::Ipv6Addr = g_a.parse().unwrap();
+    let ab = iperf(&p.nb.0, &p.na.0, g_b6, false);
+    let ba = iperf(&p.na.0, &p.nb.0, g_a6, false);
+    eprintln!("netns_sim ipv6: iperf3 TCP a->b {ab:.0} bit/s, b->a {ba:.0} bit/s");
+    assert!(ab > 0.0 && ba > 0.0);
+    for ctl in [&p.ctl_a, &p.ctl_b] {
+        let s = p.cli(&["stats", "--json"], ctl);
+        assert!(
+            s["nd_rx"].as_u64().unwrap() > 0 && s["nd_tx"].as_u64().unwrap() > 0,
+            "{s}"
+        );
+        let drops = s["drops"].as_object().unwrap();
+        let bad: Vec<_> = drops
+            .iter()
+            .filter(|(k, v)| k.contains("nd") && v.as_u64() != Some(0))
+            .collect();
+        assert!(bad.is_empty(), "neighbour discovery drops: {bad:?}");
+    }
+    p.stop();
+}
+
+/// Duplicate address detection through the datapath: A and B are given the same address,
+/// and a kernel marks it dadfailed (the other's probe or its answer came through).
+#[test]
+fn a_duplicate_ipv6_address_fails_duplicate_address_detection() {
+    if !can_run("netns_sim ipv6 dad") {
+        return;
+    }
+    let g = "2001:2:0:1::1";
+    let p = Pair::start(
+        7,
+        &[
+            "--addr-a",
+            "198.18.2.1/24",
+            "--addr-a",
+            &format!("{g}/64"),
+            "--addr-b",
+            "198.18.2.2/24",
+            "--addr-b",
+            &format!("{g}/64"),
+        ],
+    );
+    let id = std::process::id() % 10_000;
+    let (tap_a, tap_b) = (format!("ua{id}x7"), format!("ub{id}x7"));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let (text_a, text_b) = loop {
+        let a = run(
+            "ip",
+            &["-n", &p.na.0, "-6", "-o", "addr", "show", "dev", &tap_a],
+        );
+        let b = run(
+            "ip",
+            &["-n", &p.nb.0, "-6", "-o", "addr", "show", "dev", &tap_b],
+        );
+        if a.contains("dadfailed") || b.contains("dadfailed") {
+            break (a, b);
+        }
+        assert!(Instant::now() < deadline, "no dadfailed:\na: {a}\nb: {b}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!("netns_sim dad:\na: {text_a}\nb: {text_b}");
+    let failed = |t: &str| {
+        t.lines()
+            .any(|l| l.contains(&format!("inet6 {g}/64")) && l.contains("dadfailed"))
+    };
+    // A side lost the address only if the other's probe or defence crossed the fabric;
+    // probes that cross while both are tentative fail both (RFC 4862 §5.4.3).
+    assert!(failed(&text_a) || failed(&text_b));
+    // The probe was carried and learned from by no one.
+    let nd = |ctl| {
+        p.cli(&["stats", "--json"], ctl)["nd_not_learned"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(nd(&p.ctl_a) + nd(&p.ctl_b) > 0);
     p.stop();
 }
 
@@ -768,7 +846,7 @@ fn ipv6_addresses_need_an_mtu_of_1280() {
 /// `Tap::configure` on a real TAP in a namespace: the IPv4 and IPv6 addresses, the
 /// link-local one from the MAC; `Tap::reconfigure` to another MAC: the link-local address
 /// follows it, the old one is gone, and the IPv6 and IPv4 addresses are there again. A
-/// TAP without IPv6 addresses has IPv6 off.
+/// TAP without IPv6 addresses has the link-local address alone.
 #[test]
 fn tap_configure_and_reconfigure_derive_the_link_local_from_the_mac() {
     if !can_run("netns_sim tap configure") {
@@ -851,10 +929,14 @@ fn tap_configure_and_reconfigure_derive_the_link_local_from_the_mac() {
             &format!("net/ipv6/conf/{name4}/disable_ipv6"),
         ],
     );
-    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "1");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "0");
+    // An IPv4-only interface has IPv6 too: the link-local address of its final MAC, and
+    // nothing else.
     let v6 = run(
         "ip",
         &["-n", &ns.0, "-6", "-o", "addr", "show", "dev", &name4],
     );
-    assert!(v6.trim().is_empty(), "{v6}");
+    let ll = uipoib::wire::ipv6::link_local_for_mac(mac2).to_string();
+    assert_eq!(v6.lines().count(), 1, "{v6}");
+    assert!(v6.contains(&format!("{ll}/64")), "{v6}");
 }

@@ -230,6 +230,26 @@ impl Pair {
             .set_template(&ipv4_frame(am, bm, B_IP, A_IP, back_len));
     }
 
+    /// The same with IPv6: ICMPv6 echoes of `ip_len` bytes from A to B and of `back_len`
+    /// bytes back (between 2001:2:0:1::1 and ::2; the route is by MAC, as for IPv4).
+    pub fn set_traffic6(&mut self, ip_len: usize, back_len: usize) {
+        let (am, bm) = (self.a.mac(), self.b.mac());
+        let (a6, b6): (std::net::Ipv6Addr, std::net::Ipv6Addr) = (
+            "2001:2:0:1::1".parse().unwrap(),
+            "2001:2:0:1::2".parse().unwrap(),
+        );
+        // 40 bytes of IPv6 header and 8 of ICMPv6 echo header in front of the data.
+        self.ta
+            .set_template(&frames::echo6_frame(bm, am, a6, b6, &vec![0; ip_len - 48]));
+        self.tb.set_template(&frames::echo6_frame(
+            am,
+            bm,
+            b6,
+            a6,
+            &vec![0; back_len - 48],
+        ));
+    }
+
     /// A reads everything its TAP holds and sends it; B receives it all; A reaps its
     /// send completions. Returns the packets B wrote to its TAP.
     pub fn a_to_b(&mut self, now: Instant) -> u64 {

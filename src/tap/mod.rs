@@ -2,11 +2,11 @@
 //!
 //! Opened with `IFF_TAP | IFF_NO_PI` ([`crate::sys::tap`]), non-blocking, and configured with
 //! iproute2: the MAC that stands for this interface's IPoIB address, the IPoIB MTU, the
-//! IPv4 address and any IPv6 addresses, link up. With IPv6 addresses configured IPv6 is
-//! on (dual stack): the kernel derives the TAP's link-local address from its MAC
-//! (EUI-64), and the configured addresses are added with duplicate address detection
-//! left on. Without them IPv6 stays off, so that an IPv4-only interface does not send
-//! the kernel's router and listener solicitations and address probes at all.
+//! IPv4 address and any IPv6 addresses, link up. IPv6 is on (dual stack): the kernel
+//! derives the TAP's link-local address from its MAC (EUI-64), and the configured
+//! addresses are added with duplicate address detection left on. Only an IPv4-only
+//! interface whose MTU is below IPv6's 1280 bytes, or on a kernel without IPv6, has it
+//! off.
 //!
 //! With offloads (`tap-offload`, on by default) the TAP also has `IFF_VNET_HDR` with
 //! checksum and TCP segmentation offload: the kernel's TCP hands over super-frames of up
@@ -238,8 +238,10 @@ impl Tap {
         self.set_link(netns.as_deref(), mac, mtu, &addr6)
     }
 
-    /// IPv6 off, MAC and MTU; with `addr6`, IPv6 on (the link-local address derived from
-    /// `mac`) and the `addr6` addresses added.
+    /// IPv6 off, MAC and MTU, then IPv6 on (the link-local address derived from `mac`)
+    /// and the `addr6` addresses added. Without `addr6`, IPv6 is switched on where the
+    /// kernel and the MTU allow it (the link-local address alone), and left off
+    /// otherwise.
     fn set_link(
         &self,
         netns: Option<&str>,
@@ -251,18 +253,27 @@ impl Tap {
         // Best effort: without IPv6 there is nothing to clear.
         let _ = self.sysctl(netns, &format!("net/ipv6/conf/{name}/disable_ipv6=1"));
         self.set_mac_mtu(netns, mac, mtu)?;
-        if addr6.is_empty() {
-            // IPv4 only: IPv6 stays off, or the kernel's own router and listener
-            // solicitations and duplicate address probes would be counted as drops.
-            return Ok(());
-        }
         if mtu < MIN_IPV6_MTU {
+            if addr6.is_empty() {
+                // IPv6 needs 1280 bytes: an IPv4-only interface on a smaller MTU keeps
+                // it off.
+                tracing::warn!(tap = %name, mtu, "MTU below 1280: IPv6 stays off on the TAP");
+                return Ok(());
+            }
             return Err(TapError::Ipv6Mtu { name, mtu });
         }
         // EUI-64 from the MAC, the kernel's default, made explicit (best effort: older
         // kernels have no such sysctl).
         let _ = self.sysctl(netns, &format!("net/ipv6/conf/{name}/addr_gen_mode=0"));
-        self.sysctl(netns, &format!("net/ipv6/conf/{name}/disable_ipv6=0"))?;
+        let on = self.sysctl(netns, &format!("net/ipv6/conf/{name}/disable_ipv6=0"));
+        match on {
+            // Without IPv6 addresses asked for, a kernel without IPv6 is not an error.
+            Err(e) if addr6.is_empty() => {
+                tracing::warn!(tap = %name, error = %e, "IPv6 could not be switched on on the TAP");
+                return Ok(());
+            }
+            r => r?,
+        }
         for a in addr6 {
             self.ip(
                 netns,

@@ -222,9 +222,12 @@ impl Interface {
                     Standing::Overheard => Trust::Refresh,
                 };
                 let ip: IpAddr = ip.into();
+                let evicted = self.neigh.evicted();
                 let (_, learned) = self
                     .neigh
                     .learn(Some(ip), hw, trust, now, &mut self.destroy);
+                // A new peer in a full table pushed the least recently seen one out.
+                stats::add(&self.stats.neigh_evicted, self.neigh.evicted() - evicted);
                 match learned {
                     Learned::New => stats::add(&self.stats.neigh_learned, 1),
                     Learned::QpnChanged { old_qpn } => {
