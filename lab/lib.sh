@@ -10,6 +10,9 @@
 #   lab_free_port                  a free TCP port on 127.0.0.1
 #   lab_vm_run OUTDIR SCRIPT_A SCRIPT_B   boot the two guests (the body of `scripts/lab vm run`)
 #   lab_guests OUTDIR SCRIPT_A SCRIPT_B   the same in a process of its own
+#   lab_vm_hosts OUTDIR N SCRIPT   boot N guests (h1..hN) on one segment (a bridge or a vde
+#                                  switch), SCRIPT on each (the body of `scripts/lab vm hosts`)
+#   lab_guests_hosts OUTDIR N SCRIPT      the same in a process of its own
 #   lab_target_dir                 cargo's target directory of the repo
 #   lab_cargo_build LOG ARGS...    cargo build ARGS at the repo root; prints ok / FAILED: why
 #   lab_uipoib_build OUTDIR BUILD  the uipoib binary's build step (LAB_UIPOIB_SOURCE, _STATUS)
@@ -24,6 +27,10 @@
 #   LAB_TIMEOUT       seconds to wait for both guests (default 600)
 #   LAB_MEM           MiB of RAM per guest (default 1024)
 #   LAB_SMP           vCPUs per guest (default 1)
+#   LAB_HOSTS_NET     the segment of lab_vm_hosts: bridge (default: a Linux bridge and one TAP
+#                     per guest in a network namespace of the run's own) or vde (a vde switch)
+#   LAB_HOSTS_MTU     eth0's MTU there (default 9000 on the bridge; 1500 on vde, which
+#                     carries no larger frame, docs/RXE-LAB.md)
 
 LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 LAB_GUEST_DIR=$LAB_DIR/guest
@@ -36,6 +43,8 @@ LAB_CACHE=${UIPOIB_LAB_CACHE:-/var/cache/uipoib-lab}
 # Packages the VM runner needs on the host (their binaries also run inside the guests).
 LAB_VM_PKGS=(qemu-system-x86 busybox-static rdma-core ibverbs-utils perftest iperf3
 	iproute2 iputils-ping kmod util-linux coreutils gzip)
+# ... and what lab_vm_hosts needs besides: the switch.
+LAB_HOSTS_PKGS=(vde2)
 
 # Modules loaded by lab/guest/init (their dependencies are pulled in automatically).
 # tcp_diag: `ss -ti` shows per-connection byte counters (scripts/lab-guest-faults).
@@ -47,10 +56,14 @@ LAB_GUEST_MODULES=(crc32_generic virtio_pci virtio_net virtio_rng 9pnet_virtio 9
 LAB_INITRAMFS_FORMAT=1
 
 LAB__PIDS=() # QEMU processes of this run
+LAB__SWITCH_PIDS=() # vde switches of this run (stopped after the guests)
+LAB__NETNS=()       # network namespaces of this run (deleted after the guests)
+LAB__QEMU_PREFIX=() # what QEMU runs under (ip netns exec NS for the bridge)
 LAB__TMPS=() # temporary directories of this run
 
 lab__cleanup() {
 	lab__kill_guests
+	lab__kill_switches
 	if ((${#LAB__TMPS[@]})); then
 		rm -rf "${LAB__TMPS[@]}"
 		LAB__TMPS=()
@@ -301,11 +314,45 @@ lab__kill_guests() {
 	LAB__PIDS=()
 }
 
-lab__qemu_guest() { # ROLE PORT_SPEC(listen=|connect=) OUTDIR SCRIPT MAC
+lab__kill_switches() {
+	local pid ns
+	for pid in "${LAB__SWITCH_PIDS[@]}"; do
+		kill -TERM "$pid" 2>/dev/null || true
+	done
+	LAB__SWITCH_PIDS=()
+	for ns in "${LAB__NETNS[@]}"; do
+		ip netns del "$ns" 2>/dev/null || true
+	done
+	LAB__NETNS=()
+}
+
+# lab__bridge N MTU: a network namespace of this run's own holding a bridge (no STP, no
+# multicast snooping: every frame floods, like a hub with learning) and TAPs
+# uipoib-h1..hN on it at MTU, for QEMU run in that namespace; nothing in it has an
+# address (IPv6 off), so only the guests' frames cross it.
+lab__bridge() {
+	local n=$1 mtu=$2 ns=uipoib-lab-$$ k
+	ip netns add "$ns" || lab_die "ip netns add $ns failed"
+	LAB__NETNS+=("$ns")
+	ip netns exec "$ns" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1 ||
+		lab_die "cannot turn IPv6 off in $ns"
+	ip -n "$ns" link add br0 type bridge stp_state 0 forward_delay 0 mcast_snooping 0 ||
+		lab_die "ip link add br0 type bridge failed in $ns"
+	for k in $(seq 1 "$n"); do
+		ip -n "$ns" tuntap add dev "uipoib-h$k" mode tap || lab_die "ip tuntap add uipoib-h$k failed"
+		ip -n "$ns" link set "uipoib-h$k" mtu "$mtu" master br0 up || lab_die "uipoib-h$k: mtu $mtu, br0, up failed"
+	done
+	ip -n "$ns" link set br0 mtu "$mtu" up || lab_die "br0 up failed"
+	LAB__QEMU_PREFIX=(ip netns exec "$ns")
+}
+
+# ROLE NETDEV(socket,listen=... | socket,connect=... | vde,sock=...) OUTDIR SCRIPT MAC [APPEND]
+lab__qemu_guest() {
 	local role=$1 net=$2 out=$3 script=$4 mac=$5
 	local append="console=ttyS0 panic=-1 oops=panic loglevel=6"
 	append+=" lab.role=$role lab.out=$out lab.script=$script lab.stage2=$LAB_GUEST_DIR/stage2"
-	exec qemu-system-x86_64 \
+	[[ -z ${6:-} ]] || append+=" $6"
+	exec "${LAB__QEMU_PREFIX[@]}" qemu-system-x86_64 \
 		-name "uipoib-lab-$role" \
 		-accel tcg,thread=multi -cpu max -smp "${LAB_SMP:-1}" -m "${LAB_MEM:-1024}" \
 		-nodefaults -no-user-config -display none -no-reboot \
@@ -313,7 +360,7 @@ lab__qemu_guest() { # ROLE PORT_SPEC(listen=|connect=) OUTDIR SCRIPT MAC
 		-chardev "file,id=con0,path=$out/$role.console" -serial chardev:con0 \
 		-virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
 		-virtfs "local,path=$out,mount_tag=labout,security_model=none,multidevs=remap" \
-		-netdev "socket,id=n0,$net" -device "virtio-net-pci,netdev=n0,mac=$mac" \
+		-netdev "$net,id=n0" -device "virtio-net-pci,netdev=n0,mac=$mac" \
 		-device virtio-rng-pci \
 		</dev/null >"$out/$role.qemu.log" 2>&1
 }
@@ -353,7 +400,7 @@ lab_vm_run() {
 	lab_log "kernel $LAB_KVER; booting guest a ($sa) and guest b ($sb); out=$out; timeout ${timeout}s"
 	for attempt in 1 2 3 4 5; do
 		port=$(lab_free_port)
-		lab__qemu_guest a "listen=127.0.0.1:$port" "$out" "$sa" 52:54:00:c6:12:01 &
+		lab__qemu_guest a "socket,listen=127.0.0.1:$port" "$out" "$sa" 52:54:00:c6:12:01 &
 		pa=$!
 		LAB__PIDS=("$pa")
 		up=
@@ -370,7 +417,7 @@ lab_vm_run() {
 		lab__kill_guests
 	done
 	[[ -n $up ]] || lab_die "could not start guest a"
-	lab__qemu_guest b "connect=127.0.0.1:$port" "$out" "$sb" 52:54:00:c6:12:02 &
+	lab__qemu_guest b "socket,connect=127.0.0.1:$port" "$out" "$sb" 52:54:00:c6:12:02 &
 	pb=$!
 	LAB__PIDS=("$pa" "$pb")
 
@@ -402,6 +449,116 @@ lab_vm_run() {
 		lab_log "guest $r: exit $rc (log $out/$r.log)"
 	done
 	lab_log "both guests done in $((SECONDS - start))s"
+	return "$fail"
+}
+
+# lab_vm_hosts OUTDIR N SCRIPT: N guests (2..4), roles h1..hN, their NICs on one segment
+# (LAB_HOSTS_NET: a bridge in a network namespace of the run's own, or a private vde
+# switch in a temporary directory; either is removed at the end); SCRIPT runs on
+# each (LAB_HOST=K, LAB_NHOSTS=N tell them apart; lab/guest/stage2). Exit codes in
+# OUTDIR/hK.rc, logs in OUTDIR/hK.log; 1 if a guest did not exit 0.
+lab_vm_hosts() {
+	(($# == 3)) || lab_die "usage: scripts/lab vm hosts OUTDIR N SCRIPT"
+	local out=$1 n=$2 script=$3
+	[[ $n =~ ^[2-4]$ ]] || lab_die "the number of hosts must be 2, 3 or 4, not '$n'"
+	[[ -f $script && -r $script ]] || lab_die "no such script: $script"
+	script=$(realpath "$script")
+	mkdir -p "$out"
+	out=$(realpath "$out")
+	local s
+	for s in "$out" "$script" "$LAB_GUEST_DIR"; do
+		[[ $s =~ ^/[A-Za-z0-9_./+@:-]*$ ]] ||
+			lab_die "path '$s' must be absolute and free of spaces, commas and shell specials"
+	done
+	[[ $out != / ]] || lab_die "OUTDIR must not be /"
+	local lockfd
+	exec {lockfd}>"$out/.lab-vm.lock"
+	flock -n "$lockfd" || lab_die "another run of the guests is using $out"
+
+	lab_ensure_pkgs "${LAB_VM_PKGS[@]}" "${LAB_HOSTS_PKGS[@]}"
+	lab_kernel
+	lab_initramfs
+
+	local timeout=${LAB_TIMEOUT:-900} net=${LAB_HOSTS_NET:-bridge} mtu k r
+	case "$net" in
+	bridge) mtu=${LAB_HOSTS_MTU:-9000} ;;
+	vde) mtu=${LAB_HOSTS_MTU:-1500} ;;
+	*) lab_die "LAB_HOSTS_NET must be bridge or vde, not '$net'" ;;
+	esac
+	[[ $mtu =~ ^[0-9]+$ ]] || lab_die "LAB_HOSTS_MTU must be a number, not '$mtu'"
+	for k in $(seq 1 "$n"); do
+		rm -f "$out/h$k.log" "$out/h$k.rc" "$out/h$k.console" "$out/h$k.qemu.log"
+	done
+	# The guests' rendezvous directory (lab/guest/lib.sh: lab_sync).
+	rm -rf "${out:?}/sync"
+	mkdir -p "$out/sync"
+
+	local sw=
+	if [[ $net == vde ]]; then
+		# The switch's socket directory must be short (a unix socket path) and private.
+		sw=$(mktemp -d /tmp/uipoib-vde.XXXXXX)
+		LAB__TMPS+=("$sw")
+		vde_switch -s "$sw/sw" -n 8 -d -p "$sw/pid" </dev/null >"$out/vde_switch.log" 2>&1 ||
+			lab_die "vde_switch -s $sw/sw -d failed: $(tail -n 3 "$out/vde_switch.log")"
+		for _ in $(seq 1 50); do
+			[[ -s $sw/pid && -S $sw/sw/ctl ]] && break
+			sleep 0.1
+		done
+		[[ -s $sw/pid && -S $sw/sw/ctl ]] || lab_die "vde_switch did not create $sw/sw/ctl"
+		LAB__SWITCH_PIDS=("$(<"$sw/pid")")
+	else
+		lab__bridge "$n" "$mtu"
+	fi
+
+	local start=$SECONDS pids=() nd
+	lab_log "kernel $LAB_KVER; booting $n guests on one $net segment (eth0 mtu $mtu; $script); out=$out; timeout ${timeout}s"
+	for k in $(seq 1 "$n"); do
+		if [[ $net == vde ]]; then
+			nd="vde,sock=$sw/sw"
+		else
+			nd="tap,ifname=uipoib-h$k,script=no,downscript=no"
+		fi
+		lab__qemu_guest "h$k" "$nd" "$out" "$script" "52:54:00:c6:13:0$k" \
+			"lab.hosts=$n lab.mtu=$mtu" &
+		pids+=($!)
+		LAB__PIDS=("${pids[@]}")
+	done
+
+	local timed_out='' alive pid
+	while :; do
+		alive=
+		for pid in "${pids[@]}"; do
+			kill -0 "$pid" 2>/dev/null && alive=1
+		done
+		[[ -n $alive ]] || break
+		if ((SECONDS - start >= timeout)); then
+			timed_out=1
+			lab_log "TIMEOUT after ${timeout}s; killing the guests"
+			break
+		fi
+		sleep 1
+	done
+	lab__kill_guests
+	lab__kill_switches
+
+	local fail=0 rc
+	for k in $(seq 1 "$n"); do
+		r=h$k
+		if [[ -s $out/$r.rc ]]; then
+			rc=$(<"$out/$r.rc")
+		elif [[ -n $timed_out ]]; then
+			rc=124
+			echo "$rc" >"$out/$r.rc"
+			lab_log "guest $r: timed out (no exit code)"
+		else
+			rc=125
+			echo "$rc" >"$out/$r.rc"
+			lab_log "guest $r: died without an exit code; see $out/$r.console and $out/$r.qemu.log"
+		fi
+		[[ $rc == 0 ]] || fail=1
+		lab_log "guest $r: exit $rc (log $out/$r.log)"
+	done
+	lab_log "all $n guests done in $((SECONDS - start))s"
 	return "$fail"
 }
 
@@ -490,6 +647,8 @@ lab_guest_kver() {
 # traps stop the guests whatever happens, and a failure to set them up is its exit status
 # (which the report explains), not the caller's end.
 lab_guests() { "$LAB_SCRIPTS_DIR/lab" vm run "$@"; }
+# lab_guests_hosts OUTDIR N SCRIPT: `scripts/lab vm hosts` the same way.
+lab_guests_hosts() { "$LAB_SCRIPTS_DIR/lab" vm hosts "$@"; }
 
 # lab_report KIND ARGS...: the report of a run (lab/report/).
 lab_report() { python3 "$LAB_DIR/report" "$@"; }

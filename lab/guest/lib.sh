@@ -4,7 +4,10 @@
 #
 # The two guests coordinate over their eth0 link only:
 #   lab_sync N [TIMEOUT]      rendezvous number N (0..999): returns on both guests once
-#                             both reached it (a listens on TCP 47000+N, b connects)
+#                             both reached it (a listens on TCP 47000+N, b connects); the
+#                             LAB_NHOSTS guests of `scripts/lab vm hosts` meet in the
+#                             shared OUTDIR instead (each writes sync/N.ROLE, then waits
+#                             for all N files: the 9p share has no cache)
 #   lab_wait_listen PORT [TIMEOUT] [PID]  wait until a local TCP socket listens on PORT
 #                             (fails at once if process PID, the would-be server, exits)
 #   lab_wait_tcp HOST PORT [TIMEOUT] wait until HOST:PORT accepts a connection (do not
@@ -21,7 +24,7 @@
 #                             `uipoib stats --json` (FILE or stdin), posted - completed -
 #                             flushed - reaped - outstanding per ring ("" without stats)
 #   daemon_up UIPOIB TAP ADDR TIMEOUT LOG [ARGS...]   `uipoib up ... ARGS` in the background ($daemon), until
-#                             TAP is UP with ADDR: records step "up"
+#                             TAP is UP with ADDR: records step "up" (or $UP_STEP)
 #   exit_log_balanced LOG     the daemon's exit output says "ledger balanced" (every
 #                             interface, none "NOT balanced")
 #   daemon_stop LOG           SIGTERM: the daemon must exit 0 and its exit log say "ledger
@@ -33,7 +36,19 @@ lab_step() { printf '\n=== [%s %(%H:%M:%S)T] %s\n' "${LAB_ROLE:-?}" -1 "$*"; }
 
 lab_sync() {
 	local n=$1 timeout=${2:-180} port=$((47000 + $1))
-	if [[ $LAB_ROLE == a ]]; then
+	if [[ -n ${LAB_NHOSTS:-} ]]; then
+		local end=$((SECONDS + timeout)) f
+		: >"$LAB_OUT/sync/$n.$LAB_ROLE"
+		while :; do
+			f=("$LAB_OUT/sync/$n".*)
+			((${#f[@]} < LAB_NHOSTS)) || return 0
+			if ((SECONDS >= end)); then
+				echo "lab_sync $n: only ${#f[@]} of $LAB_NHOSTS hosts arrived within ${timeout}s" >&2
+				return 1
+			fi
+			sleep 0.2
+		done
+	elif [[ $LAB_ROLE == a ]]; then
 		timeout "$timeout" busybox nc -l -p "$port" </dev/null >/dev/null || {
 			echo "lab_sync $n: peer did not arrive within ${timeout}s" >&2
 			return 1
@@ -113,11 +128,11 @@ ledger_residuals() {
 
 # daemon_up UIPOIB TAP ADDR TIMEOUT LOG [ARGS...]: sets $daemon (empty when it is not running).
 daemon_up() {
-	local bin=$1 tap=$2 addr=$3 timeout=$4 log=$5 rc end state=
+	local bin=$1 tap=$2 addr=$3 timeout=$4 log=$5 rc end state='' step=${UP_STEP:-up}
 	daemon=
 	rm -f "$LAB_OUT/uipoib-$LAB_ROLE.rc"
 	if [[ ! -x $bin ]]; then
-		failed up "no uipoib binary at $bin ($(cat "$LAB_OUT/build.status" 2>/dev/null || echo 'not built'))"
+		failed "$step" "no uipoib binary at $bin ($(cat "$LAB_OUT/build.status" 2>/dev/null || echo 'not built'))"
 		return
 	fi
 	RUST_LOG=${RUST_LOG:-info} RUST_BACKTRACE=1 \
@@ -130,7 +145,7 @@ daemon_up() {
 			wait "$daemon" || rc=$?
 			echo "$rc" >"$LAB_OUT/uipoib-$LAB_ROLE.rc"
 			daemon=
-			state="daemon exited with $rc before $tap was up: $(tail -n 3 "$log" | tr '\n' ' ')"
+			state="daemon exited with $rc before $tap was up: $(tail -n 3 "$log" | sed 's/\x1b\[[0-9;]*m//g' | tr '\n' ' ')"
 			[[ -s $log ]] || state+="(no output)"
 			break
 		fi
@@ -146,9 +161,9 @@ daemon_up() {
 	if [[ $state == up ]]; then
 		ip -o addr show dev "$tap" || true
 		ip -o link show dev "$tap" || true
-		ok up
+		ok "$step"
 	else
-		failed up "${state:-$tap not up within ${timeout}s}"
+		failed "$step" "${state:-$tap not up within ${timeout}s}"
 	fi
 }
 

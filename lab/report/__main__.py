@@ -15,6 +15,11 @@ Usage: python3 lab/report KIND OUTDIR [options]   (the entry points call it)
   hostile OUTDIR [--vm-rc N] [--elapsed S] [--vm-elapsed S]
       `scripts/lab hostile`: the rogue-QP checks (a), (b), (c). Writes
       hostile-report.{txt,json}. Exit 1 if a check failed.
+  hosts OUTDIR [--vm-rc N] [--elapsed S] [--vm-elapsed S]
+      `scripts/lab --hosts N`: a row per host (eth0, rxe0 and uip0 MTUs, QPN, each step's
+      verdict), each host's numbers (pings, responders, TCP, follow times). Writes
+      hosts-report.{txt,json}. Exit 1 if any step failed on any host (an IPv6 step that
+      did not run fails unless LAB_IPV6=0), a guest did not finish or the build failed.
   faults OUTDIR [--check] [--vm-rc N] [--elapsed S] [--vm-elapsed S]
       `scripts/faults`: each scenario's table, then a row per injected fault (detect /
       resume / recovery ms, WRs reaped, drops, ledger, iperf3 Mbit/s before/during/after,
@@ -42,6 +47,7 @@ import argparse
 import sys
 
 from faults import faults
+from hosts import hosts
 from lab import e2e, hostile
 from perf import perf, perf_host, recovery
 
@@ -67,6 +73,7 @@ def main():
 
     kind("e2e", e2e, check=True, times=True).add_argument("--test", action="store_true")
     kind("hostile", hostile, times=True)
+    kind("hosts", hosts, times=True)
     kind("faults", faults, check=True, times=True)
     kind("perf", perf).add_argument("--vm-rc", type=int)
     kind("perf-host", perf_host).add_argument("reps", type=int)

@@ -48,7 +48,7 @@ def read_env(path):
     """The NAME=value lines of a run's env file (quotes dropped)."""
     env = {}
     for line in (read(path) or "").splitlines():
-        m = re.match(r"([A-Z_]+)=(.*)$", line)
+        m = re.match(r"([A-Z][A-Z0-9_]*)=(.*)$", line)
         if m:
             env[m.group(1)] = m.group(2).strip("'\"")
     return env

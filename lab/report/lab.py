@@ -1,6 +1,7 @@
 """The reports of scripts/lab: the end-to-end demo (and its test's assertions) and the
 hostile peer."""
 
+import ipaddress
 import json
 import os
 
@@ -27,6 +28,86 @@ from common import (
 
 
 # ---- e2e: scripts/lab ---------------------------------------------------------------------
+
+
+def gid_hex(gid):
+    """The 32 hex digits of a GID as `uipoib status` writes it (an IPv6-style address or hex)."""
+    if not isinstance(gid, str):
+        return None
+    try:
+        return ipaddress.IPv6Address(gid).packed.hex()
+    except ValueError:
+        h = gid.replace(":", "").lower()
+        return h if len(h) == 32 else None
+
+
+def decode_capture(out):
+    """What tshark made of guest a's capture on eth0 (nd-tshark-fields.tsv, nd-tshark.txt):
+    every RoCEv2 frame decoded as InfiniBand with an IPoIB (EtherType-encapsulated) payload,
+    nothing malformed, ARP and ICMP seen, and the ICMPv6 neighbour solicitations and
+    advertisements with their link-layer address options (type 1/2: length, address)."""
+    tsv, full = read(os.path.join(out, "nd-tshark-fields.tsv")), read(os.path.join(out, "nd-tshark.txt"))
+    d = {"frames": 0, "not_infiniband": [], "not_ipoib": [], "malformed": [], "arp": 0, "icmp": 0,
+         "ns": 0, "na": 0, "nd_options": [], "protocols": {}}
+    if tsv is None or full is None:
+        d["error"] = "no capture decoded (nd-capture.pcap missing or tshark did not run)"
+        return d
+    for line in tsv.splitlines():
+        f = (line.split("\t") + [""] * 9)[:9]
+        num, protos, src, _dst, itype, otypes, olens, oaddrs, malformed = f
+        if not num:
+            continue
+        d["frames"] += 1
+        d["protocols"][protos] = d["protocols"].get(protos, 0) + 1
+        if ":udp:infiniband" not in protos:
+            d["not_infiniband"].append(num)
+            continue
+        rest = protos.split(":udp:infiniband", 1)[1]
+        if not rest.startswith(":ethertype:"):
+            d["not_ipoib"].append(num)
+        if malformed or "malformed" in protos:
+            d["malformed"].append(num)
+        d["arp"] += rest.startswith(":ethertype:arp")
+        d["icmp"] += rest.startswith(":ethertype:ip:icmp")
+        if rest.startswith(":ethertype:ipv6:icmpv6"):
+            types = itype.split(",")
+            kind = "ns" if "135" in types else "na" if "136" in types else None
+            if kind:
+                d[kind] += 1
+                ts, ls, addrs = otypes.split(","), olens.split(","), [x for x in oaddrs.split(",") if x]
+                ll = [(t, ln) for t, ln in zip(ts, ls) if t in ("1", "2")]
+                for i, (t, ln) in enumerate(ll):
+                    d["nd_options"].append({"frame": num, "msg": kind, "src": src, "type": int(t), "length": int(ln or 0),
+                                            "linkaddr": addrs[i].replace(":", "") if i < len(addrs) else None})
+    d["malformed_text"] = full.count("Malformed")
+    d["ipoib_header_seen"] = "IBA Payload - appears to be EtherType encapsulated" in full
+    return d
+
+
+def nd_checks(d, gids):
+    """(ok, detail) of the capture's neighbour discovery: an NS and an NA, each carrying a
+    link-layer address option of length 3 (24 bytes: the 20-byte IPoIB address, QPN and
+    GID of a daemon)."""
+    if d.get("error"):
+        return False, d["error"]
+    bad, good = [], {"ns": 0, "na": 0}
+    for o in d["nd_options"]:
+        la = o["linkaddr"] or ""
+        who = None
+        for role, (qpn, gh) in gids.items():
+            i = la.find(gh) if gh else -1
+            if i >= 6 and qpn is not None and la[i - 6:i] == f"{qpn:06x}":
+                who = role
+        if o["length"] != 3:
+            bad.append(f"frame {o['frame']} ({o['msg']}): option {o['type']} length {o['length']}, not 3")
+        elif who is None:
+            bad.append(f"frame {o['frame']} ({o['msg']}): option {o['type']} address {la} is no daemon's QPN + GID")
+        else:
+            good[o["msg"]] += 1
+    ok = not bad and good["ns"] > 0 and good["na"] > 0
+    detail = (f"{d['ns']} NS, {d['na']} NA; link-layer options of length 3 with a daemon's QPN + GID: "
+              f"{good['ns']} in NS, {good['na']} in NA" + (f"; {'; '.join(bad[:4])}" if bad else ""))
+    return ok, detail
 
 
 def e2e(a):
@@ -165,8 +246,31 @@ def e2e(a):
         rep["fault_run"] = {"status": f"no report: {why}"}
         missing.append(f"fault run report (fault-poll-error.json): {why}")
 
+    # --- IPv6 through uipoib and the capture of what went on the wire ---
+    v6 = {"ran": env.get("LAB_IPV6") == "1", "why": env.get("LAB_IPV6_WHY") or None,
+          "optional": env.get("LAB_IPV6_OPTIONAL") == "1"}
+    for r in "ab":
+        for step, fname in (("ping6", f"ping6-{r}.txt"), ("ping6ll", f"ping6ll-{r}.txt")):
+            p = parse_ping(read(os.path.join(out, fname)))
+            v6[f"{step}_{r}"] = {"status": status_of(out, r, step), **(p or {})}
+    for step, fname in (("uiptcp6", "iperf3-uipoib-tcp6.json"), ("uiptcp6ll", "iperf3-uipoib-tcp6ll.json")):
+        res, err = parse_iperf(os.path.join(out, fname))
+        v6[step] = {"status": step_failure(out, "ab", step) or "ok", **(res or {"error": err})}
+    cap = decode_capture(out)
+    rep["capture"] = cap
+    gids = {}
+    for r in "ab":
+        st = load(os.path.join(out, f"uipoib-status-{r}.json")) or {}
+        gids[r] = (st.get("qpn"), gid_hex(st.get("gid")))
+    rep["capture"]["daemons"] = {r: {"qpn": q, "gid_hex": g} for r, (q, g) in gids.items()}
+    v6["nd"] = dict(zip(("ok", "detail"), nd_checks(cap, gids))) if v6["ran"] else {"ok": None, "detail": v6["why"]}
+    rep["ipv6"] = v6
+    if not v6["ran"] and not v6["optional"]:
+        problems.append(f"IPv6 steps: {v6['why']}")
+
     # --- steps and guests ---
-    steps = ("ibsend", "eth0tcp", "up", "ping", "uiptcp", "uipudp", "fault", "stats", "stop")
+    steps = ("ibsend", "eth0tcp", "up", "capture", "ping", "ping6", "ping6ll", "uiptcp", "uipudp", "uiptcp6", "uiptcp6ll",
+             "fault", "stats", "stop")
     rep["steps"] = {r: {s: status_of(out, r, s) for s in steps} for r in "ab"}
     rep["guests"] = guests
     for r in "ab":
@@ -178,7 +282,7 @@ def e2e(a):
         problems.append(f"the guests' boot exited {a.vm_rc}")
     for r in "ab":
         for s, v in rep["steps"][r].items():
-            if v is not None and v != "ok":
+            if v is not None and v != "ok" and not v.startswith("skipped"):
                 reason = v.removeprefix("FAILED: ")
                 if not any(reason in p for p in problems + missing):
                     problems.append(f"step {s} on guest {r}: {reason}")
@@ -250,6 +354,31 @@ def e2e(a):
     else:
         L.append(f"fault run: {fr['status']}")
     L.append("")
+    L.append("IPv6 over uip0 (2001:2:0:1::x): " + ("run" if v6["ran"] else v6["why"] or "not run"))
+    for r in "ab":
+        for step, what in (("ping6", "ping -6 global"), ("ping6ll", "ping -6 link-local")):
+            p = v6[f"{step}_{r}"]
+            if "loss_percent" in p:
+                L.append(f"  {what:19s} {r} -> {'b' if r == 'a' else 'a'}: {p['received']}/{p['transmitted']} received, "
+                         f"{p['loss_percent']:g}% loss, rtt avg {fmt((p.get('rtt_ms') or {}).get('avg'), '.2f')} ms")
+            elif v6["ran"]:
+                L.append(f"  {what:19s} {r}: {p['status'] or 'never ran'}")
+    for step, what in (("uiptcp6", "iperf3 -6 TCP a -> 2001:2:0:1::2"), ("uiptcp6ll", "iperf3 -6 TCP a -> b's link-local")):
+        t6 = v6[step]
+        if t6.get("mbit_per_s") is not None:
+            L.append(f"  {what}: {t6['mbit_per_s']:.1f} Mbit/s ({t6.get('retransmits')} retransmits)")
+        elif v6["ran"]:
+            L.append(f"  {what}: {t6['status']} ({t6.get('error')})")
+    L.append(f"capture on a's eth0 (UDP 4791), decoded by tshark: {cap['frames']} frames; "
+             + (cap.get("error") or
+                f"not InfiniBand {len(cap['not_infiniband'])}, no IPoIB header {len(cap['not_ipoib'])}, "
+                f"'Malformed' {cap['malformed_text'] + len(cap['malformed'])}; ARP {cap['arp']}, ICMP {cap['icmp']}, "
+                f"NS {cap['ns']}, NA {cap['na']}"))
+    for protos, n in sorted(cap["protocols"].items()):
+        L.append(f"  {n:4d}  {protos}")
+    if v6["ran"]:
+        L.append(f"  neighbour discovery: {'ok' if v6['nd']['ok'] else 'FAILED'}: {v6['nd']['detail']}")
+    L.append("")
     rr = rep["ratios"]
     L.append(f"ratio uipoib TCP / ib_send_bw UD:  {fmt(rr['uipoib_tcp_over_ib_send_bw_ud'], '.3f')}")
     L.append(f"ratio uipoib TCP / eth0 TCP:       {fmt(rr['uipoib_tcp_over_eth0_tcp'], '.3f')}")
@@ -312,6 +441,33 @@ def e2e_assert(out, rep):
         check(bool(lines) and all(x == "ledger balanced" for x in lines),
               f"daemon {r}'s exit log says 'ledger balanced' (every interface)",
               "; ".join(lines) or f"no ledger line in uipoib-{r}.log")
+    cap = rep.get("capture") or {}
+    check(not cap.get("error") and cap.get("frames", 0) > 0 and not cap["not_infiniband"] and not cap["not_ipoib"]
+          and cap.get("ipoib_header_seen"),
+          "the capture on a's eth0 decodes as InfiniBand -> IPoIB (EtherType, reserved 0) in every frame",
+          cap.get("error") or f"{cap.get('frames')} frames, {len(cap['not_infiniband'])} not InfiniBand, "
+                              f"{len(cap['not_ipoib'])} without the IPoIB header")
+    if not cap.get("error"):
+        check(cap["malformed_text"] == 0 and not cap["malformed"], "no 'Malformed' in tshark's decode",
+              f"{cap['malformed_text']} in the -V text, frames {cap['malformed'][:8]}")
+        check(cap["arp"] > 0 and cap["icmp"] > 0, "ARP and ICMP through IPoIB in the capture",
+              f"{cap['arp']} ARP, {cap['icmp']} ICMP frames")
+    v6 = rep.get("ipv6") or {}
+    if v6.get("ran") or not v6.get("optional"):
+        for r in "ab":
+            for step, what in (("ping6", "ping -6 global"), ("ping6ll", "ping -6 link-local")):
+                p = v6.get(f"{step}_{r}") or {}
+                loss = p.get("loss_percent")
+                check(loss == 0 and p.get("received", 0) > 0, f"{what} {r} -> {'b' if r == 'a' else 'a'} over uip0 with 0% loss",
+                      f"{p.get('received')}/{p.get('transmitted')} received, {loss}% loss" if loss is not None
+                      else (p.get("status") or v6.get("why")))
+        for step, what in (("uiptcp6", "iperf3 -6 TCP to 2001:2:0:1::2"), ("uiptcp6ll", "iperf3 -6 TCP to b's link-local")):
+            t6 = v6.get(step) or {}
+            check((t6.get("mbit_per_s") or 0) > 0, f"{what} > 0 bits/s",
+                  f"{t6['mbit_per_s']:.2f} Mbit/s" if t6.get("mbit_per_s") is not None else (t6.get("status") or v6.get("why")))
+        nd = v6.get("nd") or {}
+        check(nd.get("ok") is True, "neighbour discovery decodes as IPv6 -> ICMPv6 NS/NA with 20-byte (length 3) link-layer options",
+              nd.get("detail") or v6.get("why"))
     if not rep.get("ok"):
         L.append("  FAIL  the lab run failed (see the report above)")
     L.append("lab test: " + ("PASSED" if not bad and rep.get("ok") else "FAILED"))
