@@ -288,6 +288,30 @@ lab_free_port() {
 
 lab_port_listening() { [[ -n $(ss -Htln "src 127.0.0.1 and sport = :$1" 2>/dev/null) ]]; }
 
+# lab__guest_results OUT TIMED_OUT NAME...: each guest's exit code from OUT/NAME.rc (124
+# when the run timed out without one, 125 when the guest died without one, written
+# back), logged; non-zero if any guest did not exit 0.
+lab__guest_results() {
+	local out=$1 timed_out=$2 fail=0 rc r
+	shift 2
+	for r in "$@"; do
+		if [[ -s $out/$r.rc ]]; then
+			rc=$(<"$out/$r.rc")
+		elif [[ -n $timed_out ]]; then
+			rc=124
+			echo "$rc" >"$out/$r.rc"
+			lab_log "guest $r: timed out (no exit code)"
+		else
+			rc=125
+			echo "$rc" >"$out/$r.rc"
+			lab_log "guest $r: died without an exit code; see $out/$r.console and $out/$r.qemu.log"
+		fi
+		[[ $rc == 0 ]] || fail=1
+		lab_log "guest $r: exit $rc (log $out/$r.log)"
+	done
+	return "$fail"
+}
+
 # ---------------------------------------------------------------------------
 # lab_vm_run: the body of `scripts/lab vm run` (the guests are stopped by the traps above
 # if the script is interrupted).
@@ -432,22 +456,8 @@ lab_vm_run() {
 	done
 	lab__kill_guests
 
-	local fail=0 rc
-	for r in a b; do
-		if [[ -s $out/$r.rc ]]; then
-			rc=$(<"$out/$r.rc")
-		elif [[ -n $timed_out ]]; then
-			rc=124
-			echo "$rc" >"$out/$r.rc"
-			lab_log "guest $r: timed out (no exit code)"
-		else
-			rc=125
-			echo "$rc" >"$out/$r.rc"
-			lab_log "guest $r: died without an exit code; see $out/$r.console and $out/$r.qemu.log"
-		fi
-		[[ $rc == 0 ]] || fail=1
-		lab_log "guest $r: exit $rc (log $out/$r.log)"
-	done
+	local fail=0
+	lab__guest_results "$out" "$timed_out" a b || fail=1
 	lab_log "both guests done in $((SECONDS - start))s"
 	return "$fail"
 }
@@ -541,23 +551,9 @@ lab_vm_hosts() {
 	lab__kill_guests
 	lab__kill_switches
 
-	local fail=0 rc
-	for k in $(seq 1 "$n"); do
-		r=h$k
-		if [[ -s $out/$r.rc ]]; then
-			rc=$(<"$out/$r.rc")
-		elif [[ -n $timed_out ]]; then
-			rc=124
-			echo "$rc" >"$out/$r.rc"
-			lab_log "guest $r: timed out (no exit code)"
-		else
-			rc=125
-			echo "$rc" >"$out/$r.rc"
-			lab_log "guest $r: died without an exit code; see $out/$r.console and $out/$r.qemu.log"
-		fi
-		[[ $rc == 0 ]] || fail=1
-		lab_log "guest $r: exit $rc (log $out/$r.log)"
-	done
+	local fail=0
+	# shellcheck disable=SC2046 # the guest names, one word each
+	lab__guest_results "$out" "$timed_out" $(seq -f 'h%g' 1 "$n") || fail=1
 	lab_log "all $n guests done in $((SECONDS - start))s"
 	return "$fail"
 }

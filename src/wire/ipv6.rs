@@ -223,6 +223,28 @@ impl std::str::FromStr for Ipv6Cidr {
     }
 }
 
+/// Packets built for the unit tests of this module's users.
+#[cfg(test)]
+pub(crate) mod test_packets {
+    use super::*;
+
+    /// An IPv6 packet from `src` to `dst` (hop limit `hop`) carrying the ICMPv6 message
+    /// `msg`, its checksum filled in.
+    pub(crate) fn icmp6(src: Ipv6Addr, dst: Ipv6Addr, hop: u8, msg: &[u8]) -> Vec<u8> {
+        let mut p = vec![0u8; HEADER_LEN];
+        p[0] = 0x60;
+        p[4..6].copy_from_slice(&(msg.len() as u16).to_be_bytes());
+        p[6] = PROTO_ICMPV6;
+        p[7] = hop;
+        p[8..24].copy_from_slice(&src.octets());
+        p[24..40].copy_from_slice(&dst.octets());
+        p.extend_from_slice(msg);
+        let c = upper_checksum(&src, &dst, PROTO_ICMPV6, &p[HEADER_LEN..]);
+        p[42..44].copy_from_slice(&c.to_be_bytes());
+        p
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,7 @@
 use super::*;
 use crate::wire::gid::Gid;
 use crate::wire::ipv6::parse_summary;
+use crate::wire::ipv6::test_packets::icmp6 as packet;
 use proptest::prelude::*;
 
 fn ip(s: &str) -> Ipv6Addr {
@@ -11,22 +12,6 @@ const MAC_A: Mac = Mac([0x02, 0x00, 0xc6, 0x12, 0x00, 0x01]);
 
 fn hw_a() -> IpoibAddr {
     IpoibAddr::new(0x11, Gid::from_ipv4(std::net::Ipv4Addr::new(198, 18, 0, 1)))
-}
-
-/// An IPv6 packet from `src` to `dst` with hop limit `hop` carrying ICMPv6 `msg` (its
-/// checksum filled in).
-fn packet(src: Ipv6Addr, dst: Ipv6Addr, hop: u8, msg: &[u8]) -> Vec<u8> {
-    let mut p = vec![0u8; 40];
-    p[0] = 0x60;
-    p[4..6].copy_from_slice(&(msg.len() as u16).to_be_bytes());
-    p[6] = PROTO_ICMPV6;
-    p[7] = hop;
-    p[8..24].copy_from_slice(&src.octets());
-    p[24..40].copy_from_slice(&dst.octets());
-    p.extend_from_slice(msg);
-    let c = upper_checksum(&src, &dst, PROTO_ICMPV6, &p[40..]);
-    p[42..44].copy_from_slice(&c.to_be_bytes());
-    p
 }
 
 fn mac_opt(kind: u8, m: Mac) -> Vec<u8> {

@@ -231,11 +231,11 @@ impl Body {
         matches!(self, Body::Arp(_) | Body::Nd { .. })
     }
 
-    /// Write the IPoIB header and the body to `out`, taking an IPv4 packet from `frame`
+    /// Write the IPoIB header and the body to `out`, taking an IP packet from `frame`
     /// (the frame [`plan_send`] planned). Returns the bytes behind the IPoIB header.
     pub fn emit(&self, frame: &[u8], out: &mut [u8]) -> Result<usize, TxDrop> {
         match self {
-            Body::Ipv4 { len } => {
+            Body::Ipv4 { len } | Body::Ipv6 { len } => {
                 let packet = frame
                     .get(eth::HEADER_LEN..eth::HEADER_LEN + len)
                     .ok_or(TxDrop::Short)?;
@@ -243,20 +243,13 @@ impl Body {
                     .get_mut(ipoib::HEADER_LEN..ipoib::HEADER_LEN + len)
                     .ok_or(TxDrop::Oversized)?;
                 to.copy_from_slice(packet);
+                let ethertype = if matches!(self, Body::Ipv4 { .. }) {
+                    ETHERTYPE_IPV4
+                } else {
+                    ETHERTYPE_IPV6
+                };
                 // Cannot fail: `out` holds more than the header.
-                let _ = ipoib::emit_header(out, ETHERTYPE_IPV4);
-                Ok(*len)
-            }
-            Body::Ipv6 { len } => {
-                let packet = frame
-                    .get(eth::HEADER_LEN..eth::HEADER_LEN + len)
-                    .ok_or(TxDrop::Short)?;
-                let to = out
-                    .get_mut(ipoib::HEADER_LEN..ipoib::HEADER_LEN + len)
-                    .ok_or(TxDrop::Oversized)?;
-                to.copy_from_slice(packet);
-                // Cannot fail: `out` holds more than the header.
-                let _ = ipoib::emit_header(out, ETHERTYPE_IPV6);
+                let _ = ipoib::emit_header(out, ethertype);
                 Ok(*len)
             }
             Body::Nd {

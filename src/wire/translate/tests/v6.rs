@@ -3,26 +3,12 @@
 use std::net::Ipv6Addr;
 
 use super::*;
-use crate::wire::ipv6::{self, PROTO_ICMPV6, upper_checksum};
+use crate::wire::ipv6;
+use crate::wire::ipv6::test_packets::icmp6;
 use crate::wire::ndisc::{self, LinkAddr, NA_OVERRIDE, NA_SOLICITED};
 
 fn ip6(s: &str) -> Ipv6Addr {
     s.parse().unwrap()
-}
-
-/// An IPv6 packet carrying ICMPv6 `msg` (checksum filled in), hop limit `hop`.
-fn icmp6(src: Ipv6Addr, dst: Ipv6Addr, hop: u8, msg: &[u8]) -> Vec<u8> {
-    let mut p = vec![0u8; 40];
-    p[0] = 0x60;
-    p[4..6].copy_from_slice(&(msg.len() as u16).to_be_bytes());
-    p[6] = PROTO_ICMPV6;
-    p[7] = hop;
-    p[8..24].copy_from_slice(&src.octets());
-    p[24..40].copy_from_slice(&dst.octets());
-    p.extend_from_slice(msg);
-    let c = upper_checksum(&src, &dst, PROTO_ICMPV6, &p[40..]);
-    p[42..44].copy_from_slice(&c.to_be_bytes());
-    p
 }
 
 /// A link-layer option holding `a` in its link's form.
