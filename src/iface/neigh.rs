@@ -171,9 +171,10 @@ impl Neighbours {
                 return (mac, Learned::Unknown);
             }
             Some(p) if p.hw.qpn != hw.qpn && ip.is_some_and(|ip| p.holds_other(ip)) => {
-                // A new QP claiming another address for a known host: a restarted peer
-                // keeps its addresses, and a readdressed one keeps its QP. Another QP on
-                // the peer's host must not take the peer's entry over this way.
+                // A new QP claiming an address the known host's entry does not hold (of
+                // either family): a restarted peer keeps its addresses, and a readdressed
+                // one keeps its QP. Another QP on the peer's host must not take the
+                // peer's entry over this way, by ARP or by neighbour discovery.
                 return (mac, Learned::Conflict);
             }
             Some(p) => {
@@ -483,12 +484,10 @@ impl Peer {
         }
     }
 
-    /// Whether it holds addresses of `ip`'s family and `ip` is not one of them.
+    /// Whether it holds any address, and `ip` is not one of them.
     fn holds_other(&self, ip: IpAddr) -> bool {
-        match ip {
-            IpAddr::V4(a) => self.ip.is_some_and(|p| p != a),
-            IpAddr::V6(a) => self.ip6.iter().any(Option::is_some) && !self.ip6.contains(&Some(a)),
-        }
+        let any = self.ip.is_some() || self.ip6.iter().any(Option::is_some);
+        any && !self.holds(ip)
     }
 
     /// Forget one of its IPv6 addresses, keeping the others oldest first.
@@ -773,6 +772,29 @@ mod tests {
                 .1,
             Learned::Conflict
         );
+        // Nor by the other family: a peer known by IPv4 alone is not moved by an IPv6
+        // claim from another QP of its host, and the reverse.
+        let (m4, _) = n.learn(Some(ip(7)), hw(7, 17), Trust::Create, t0, &mut d);
+        assert_eq!(
+            n.learn(Some(ip6(70)), hw(7, 99), Trust::Update, t0, &mut d)
+                .1,
+            Learned::Conflict
+        );
+        let (m6, _) = n.learn(Some(ip6(80)), hw(8, 17), Trust::Create, t0, &mut d);
+        assert_eq!(
+            n.learn(Some(ip(8)), hw(8, 99), Trust::Update, t0, &mut d).1,
+            Learned::Conflict
+        );
+        assert_eq!(
+            (n.by_mac(&m4).unwrap().hw.qpn, n.by_mac(&m6).unwrap().hw.qpn),
+            (17, 17)
+        );
+        // The peer's own QP may add an address of the other family.
+        assert_eq!(
+            n.learn(Some(ip6(70)), hw(7, 17), Trust::Create, t0, &mut d)
+                .1,
+            Learned::Refreshed
+        );
         // A restarted peer announcing one of its addresses moves.
         assert_eq!(
             n.learn(Some(ip6(999)), hw(2, 99), Trust::Update, t0, &mut d)
@@ -783,7 +805,11 @@ mod tests {
         n.learn(Some(ip6(999)), hw(3, 20), Trust::Create, t0, &mut d);
         assert_eq!(n.by_ip(ip6(999)).unwrap().1.hw, hw(3, 20));
         assert!(!n.by_mac(&mac).unwrap().holds(IpAddr::V6(ip6(999))));
-        assert_eq!(n.ip6_entries(), PEER_ADDR6);
+        assert_eq!(
+            n.ip6_entries(),
+            PEER_ADDR6 + 2,
+            "peers 2 and 3 hold four, 7 and 8 one each"
+        );
         // Eviction forgets every address of the peer.
         n.expire(t0 + Duration::from_secs(60), &mut d);
         assert_eq!((n.len(), n.ip_entries(), n.ip6_entries()), (0, 0, 0));

@@ -44,8 +44,8 @@ pub struct Ipv6Summary {
     pub total_len: usize,
     /// The upper-layer protocol and where it starts, behind any hop-by-hop, routing and
     /// destination-options headers; `None` behind a fragment header (only the first
-    /// fragment holds it, and neighbour discovery is never fragmented, RFC 6980) or an
-    /// unknown extension.
+    /// fragment holds it, and neighbour discovery is never fragmented, RFC 6980). More
+    /// than 8 extension headers are refused.
     pub upper: Option<(u8, usize)>,
 }
 
@@ -86,7 +86,7 @@ pub fn parse_summary(b: &[u8]) -> Result<Ipv6Summary, WireError> {
 /// Follow the extension headers of `packet` from `next`, to the upper layer.
 fn walk(packet: &[u8], mut next: u8) -> Result<Option<(u8, usize)>, WireError> {
     let mut at = HEADER_LEN;
-    for _ in 0..MAX_EXT_HEADERS {
+    for _ in 0..=MAX_EXT_HEADERS {
         match next {
             HOP_BY_HOP | ROUTING | DEST_OPTS => {
                 let Some(&[nh, len]) = packet.get(at..at + 2).and_then(|s| s.first_chunk::<2>())
@@ -106,7 +106,11 @@ fn walk(packet: &[u8], mut next: u8) -> Result<Option<(u8, usize)>, WireError> {
             proto => return Ok(Some((proto, at))),
         }
     }
-    Ok(None)
+    // Refused rather than passed on unread: what follows could be a neighbour discovery
+    // message that would then skip its checks and its translation.
+    Err(WireError::BadIpv6(
+        "more extension headers than the datapath walks",
+    ))
 }
 
 /// The checksum of an upper-layer message (ICMPv6, TCP, UDP) over IPv6: the Internet
@@ -319,6 +323,21 @@ mod tests {
             parse_summary(&p),
             Err(WireError::BadIpv6("extension header truncated"))
         );
+        // Eight destination-options headers then ICMPv6: walked; nine: refused.
+        for (n, ok) in [(8, true), (9, false)] {
+            let mut payload = Vec::new();
+            for i in 0..n {
+                let next = if i + 1 == n { PROTO_ICMPV6 } else { DEST_OPTS };
+                payload.extend_from_slice(&[next, 0, 1, 4, 0, 0, 0, 0]);
+            }
+            payload.extend_from_slice(&[136, 0, 0, 0, 0, 0, 0, 0]);
+            let r = parse_summary(&packet(DEST_OPTS, &payload));
+            if ok {
+                assert_eq!(r.unwrap().upper, Some((PROTO_ICMPV6, 40 + 8 * n)));
+            } else {
+                assert!(matches!(r, Err(WireError::BadIpv6(_))), "{r:?}");
+            }
+        }
     }
 
     #[test]

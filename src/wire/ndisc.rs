@@ -186,6 +186,12 @@ pub fn parse<A: LinkAddr>(
     } else {
         0
     };
+    // RFC 4861 §7.1.2: an answer to a solicitation goes to the soliciter, never to a group.
+    if flags & NA_SOLICITED != 0 && s.dst.is_multicast() {
+        return Err(WireError::BadNd(
+            "solicited advertisement to a multicast address",
+        ));
+    }
     let mut nd = Nd {
         kind,
         src: s.src,

@@ -227,6 +227,13 @@ fn refuses_what_rfc_4861_refuses() {
         packet(ip("fe80::1"), ip("ff02::1:ff00:2"), 255, &m[..25]),
         "truncated",
     );
+    let mut na = vec![NEIGHBOUR_ADVERT, 0, 0, 0, NA_SOLICITED, 0, 0, 0];
+    na.extend_from_slice(&ip("fe80::1").octets());
+    refuse(
+        packet(ip("fe80::1"), ip("ff02::1"), 255, &na),
+        "solicited advertisement to a multicast",
+    );
+    assert!(parsed::<Mac>(&packet(ip("fe80::1"), ip("fe80::2"), 255, &na)).is_ok());
     // A 6-byte MAC option arriving where 20-byte addresses are expected.
     assert!(matches!(
         parsed::<IpoibAddr>(&good),
