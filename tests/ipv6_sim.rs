@@ -186,12 +186,16 @@ fn a_restarted_peer_is_followed_by_its_advertisement() {
         nas.iter()
             .all(|n| n.kind == ndisc::NEIGHBOUR_ADVERT && n.flags == ndisc::NA_OVERRIDE)
     );
+    // B knew A by A6 alone: the advertisement of A6 moves A's entry to the new QPN; the
+    // announcements of addresses B did not know for A (its IPv4 one, its link-local one)
+    // come from a new QP and are not believed.
     assert_eq!(b.neighbours().by_ip(ip6(A6)).unwrap().1.hw, a2.hw_addr());
     assert!(
         b.neighbours()
             .by_ip(link_local_for_mac(a2.mac().0))
-            .is_some()
+            .is_none()
     );
     let s = b.stats().snapshot();
     assert_eq!(s.neigh_updated, 1);
+    assert_eq!((s.arp_not_learned, s.nd_not_learned), (1, 1));
 }
