@@ -142,6 +142,7 @@ fn config(i: usize, recv: u32, send: u32) -> IfaceConfig {
         neigh_capacity: 4096,
         neigh_max_age: Duration::from_secs(3600),
         tx_timeout: Duration::from_secs(3),
+        poll_failure: Default::default(),
     }
 }
 

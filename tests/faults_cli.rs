@@ -52,7 +52,7 @@ fn inject_arms_what_the_flags_say() {
     let cases: [(&[&str], FaultSpec); 6] = [
         (
             &["inject", "poll-error", "--after", "1000", "--ret", "-22"],
-            FaultSpec::new(Fault::PollError { ret: -22 }).trigger(Trigger::After(1000)),
+            FaultSpec::new(Fault::poll_error(-22)).trigger(Trigger::After(1000)),
         ),
         (
             &[

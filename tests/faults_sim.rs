@@ -161,7 +161,7 @@ fn a_to_b(a: &Side, b: &Side, body: &[u8]) {
 fn poll_error_after_n_polls_restarts_with_its_return_value() {
     let (_sim, switch, a, b) = pair(policy());
     let t = Instant::now();
-    switch.arm(FaultSpec::new(Fault::PollError { ret: -22 }).trigger(Trigger::After(5)));
+    switch.arm(FaultSpec::new(Fault::poll_error(-22)).trigger(Trigger::After(5)));
     for i in 0..20 {
         b_to_a(&a, &b, &[i; 40]);
     }
@@ -180,7 +180,7 @@ fn poll_error_with_a_seeded_probability_restarts() {
     let (_sim, switch, a, b) = pair(policy());
     let t = Instant::now();
     switch.arm(
-        FaultSpec::new(Fault::PollError { ret: -5 })
+        FaultSpec::new(Fault::poll_error(-5))
             .trigger(Trigger::Random { p: 0.2, seed: 42 })
             .limit(1),
     );
@@ -768,6 +768,8 @@ fn random_fault(rng: &mut SplitMix64) -> FaultSpec {
     let fault = match kind {
         FaultKind::PollError => Fault::PollError {
             ret: -1 - rng.below(30) as i32,
+            lose: rng.below(3) as u32,
+            cq: [CqSel::Send, CqSel::Recv, CqSel::Any][rng.below(3) as usize],
         },
         FaultKind::LostCompletion => Fault::LostCompletion {
             cq: [CqSel::Send, CqSel::Recv, CqSel::Any][rng.below(3) as usize],

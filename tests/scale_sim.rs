@@ -125,6 +125,7 @@ fn config(i: usize, neigh_capacity: u32, send_slots: u32) -> IfaceConfig {
         neigh_capacity,
         neigh_max_age: Duration::from_secs(300),
         tx_timeout: Duration::from_secs(3),
+        poll_failure: Default::default(),
     }
 }
 

@@ -119,6 +119,12 @@ struct SlotRing {
     state: Vec<SlotState>,
     /// Per slot: bumped at every reservation, carried in the WR id.
     generation: Vec<u16>,
+    /// Per slot: the number of its posting, counted from 1 in posting order.
+    posted_seq: Vec<u64>,
+    /// The number the next posting gets.
+    next_seq: u64,
+    /// The highest posting number completed (0: none yet).
+    done_seq: u64,
     free: Vec<u32>,
     totals: RingTotals,
 }
@@ -128,6 +134,9 @@ impl SlotRing {
         SlotRing {
             state: vec![SlotState::Free; n as usize],
             generation: vec![0; n as usize],
+            posted_seq: vec![0; n as usize],
+            next_seq: 1,
+            done_seq: 0,
             // Pop from the end: hand out low slots first.
             free: (0..n).rev().collect(),
             totals: RingTotals::default(),
@@ -153,6 +162,8 @@ impl SlotRing {
         match self.state.get_mut(slot as usize) {
             Some(st @ SlotState::Reserved) => {
                 *st = SlotState::Posted;
+                self.posted_seq[slot as usize] = self.next_seq;
+                self.next_seq += 1;
                 self.totals.posted += 1;
                 self.totals.outstanding += 1;
                 true
@@ -166,6 +177,7 @@ impl SlotRing {
             Some(st @ SlotState::Posted) => {
                 *st = SlotState::Free;
                 self.free.push(slot);
+                self.done_seq = self.done_seq.max(self.posted_seq[slot as usize]);
                 self.totals.outstanding -= 1;
                 if flushed {
                     self.totals.flushed += 1;
@@ -385,6 +397,22 @@ impl Ledger {
             .min()
     }
 
+    /// Work requests of `ring` still outstanding although one posted after them has
+    /// completed. A UD queue completes its work requests in the order they were posted,
+    /// so the completions of these were lost: they will never complete (only a reap
+    /// accounts for them). O(ring size).
+    pub fn behind(&self, ring: Ring) -> u64 {
+        let r = match ring {
+            Ring::Recv => &self.recv,
+            Ring::Send => &self.send,
+        };
+        r.state
+            .iter()
+            .zip(&r.posted_seq)
+            .filter(|(st, seq)| **st == SlotState::Posted && **seq < r.done_seq)
+            .count() as u64
+    }
+
     /// Totals of one ring.
     pub fn totals(&self, ring: Ring) -> RingTotals {
         match ring {
@@ -455,6 +483,29 @@ impl Ledger {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn behind_counts_what_a_later_completion_passed() {
+        let mut l = Ledger::new(1, 4, 2);
+        let mut ids = Vec::new();
+        for _ in 0..4 {
+            let s = l.reserve_recv().unwrap();
+            ids.push(l.wr_id(Ring::Recv, s));
+            l.posted_recv(s);
+        }
+        assert_eq!(l.behind(Ring::Recv), 0, "nothing completed yet");
+        // The first completes, the second's completion is lost, the third completes.
+        l.complete(Ring::Recv, ids[0], WcStatus::Success).unwrap();
+        assert_eq!(l.behind(Ring::Recv), 0);
+        l.complete(Ring::Recv, ids[2], WcStatus::Success).unwrap();
+        assert_eq!(l.behind(Ring::Recv), 1, "the second will never complete");
+        // The fourth is still waiting, not behind; a reap clears everything.
+        assert_eq!(l.totals(Ring::Recv).outstanding, 2);
+        l.reap_all();
+        assert_eq!(l.behind(Ring::Recv), 0);
+        assert_eq!(l.behind(Ring::Send), 0);
+        l.check().unwrap();
+    }
 
     #[test]
     fn wr_id_round_trip() {

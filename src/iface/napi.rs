@@ -106,6 +106,13 @@ impl Napi {
         }
     }
 
+    /// A failed poll is to be polled again at once (the `retry` poll-failure policy): a
+    /// poll stays due, whatever the last one found.
+    pub fn retry(&mut self) {
+        self.state = State::Scheduled;
+        self.after_event = false;
+    }
+
     /// A poll handled `rx` receive and `tx` send completions. Returns what to do next.
     pub fn polled(&mut self, rx: usize, tx: usize) -> Action {
         self.counters.polls += 1;

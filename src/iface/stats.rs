@@ -325,6 +325,22 @@ counters! {
     async_not_live,
     /// Completions rejected by the ledger (stale epoch, unknown id, duplicate).
     completions_rejected,
+    /// CQ polls that failed (under every policy; under `restart` each is a restart).
+    poll_failures,
+    /// `skip`: failed polls dropped, their CQ left unarmed.
+    poll_failures_skipped,
+    /// `retry`: failed polls taken as empty and polled again.
+    poll_retries,
+    /// `recreate-cq`: CQs re-created under a kept QP.
+    cq_recreated,
+    /// `recreate-cq`: old CQs the device would not destroy because the QP still uses
+    /// them (kept, unpolled, until the QP goes).
+    cq_kept_in_use,
+    /// Receive WRs outstanding whose completion will never be seen now: behind a later
+    /// one that completed, or on a CQ nothing polls (0 under `restart`).
+    recv_never_complete,
+    /// Send WRs likewise.
+    send_never_complete,
     /// The local QPN.
     qpn,
     /// The IPoIB MTU.

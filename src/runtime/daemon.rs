@@ -196,9 +196,11 @@ fn start(spec: &Launch, provider: Arc<dyn Provider>) -> Result<Running, DaemonEr
         addr: c.addr.to_string(),
         addr6: addr6.clone(),
         epoch: 1,
+        poll_failure_policy: c.poll_failure.name().into(),
+        pid: std::process::id(),
         ..Default::default()
     }));
-    tracing::info!(tap = %c.tap, addr = %c.addr, addr6 = %format_args!("[{}]", addr6.join(", ")), mac = %iface.mac(), mtu = iface.mtu(), control = %c.control.display(), allow_faults = c.allow_faults, "interface up");
+    tracing::info!(tap = %c.tap, addr = %c.addr, addr6 = %format_args!("[{}]", addr6.join(", ")), mac = %iface.mac(), mtu = iface.mtu(), control = %c.control.display(), allow_faults = c.allow_faults, poll_failure_policy = %c.poll_failure, "interface up");
     let dev: Arc<dyn TapDevice> = tap.clone();
     let supervisor = Supervisor::spawn(
         Supervised {

@@ -8,7 +8,9 @@
 //! The rule this module exists to keep: when a CQ poll fails, the poller does not retry
 //! and does not reschedule. It stops touching the verbs objects, deregisters, and moves
 //! the [`Interface`] by value into an [`Exit::Failed`] message to the supervisor. It
-//! cannot touch the interface again: it no longer owns it.
+//! cannot touch the interface again: it no longer owns it. (The poll-failure policies
+//! that replay the alternatives, allowed only with `--allow-faults`, bend this rule on
+//! purpose: see [`crate::iface::PollFailurePolicy`].)
 //!
 //! A panic in the poller thread is caught at the thread's top ([`Exit::Panicked`]): the
 //! interface was dropped by the unwind (its endpoint destroyed), and the supervisor
@@ -30,7 +32,7 @@ use crate::iface::napi::{Action, Napi, TxGate};
 use crate::iface::stats;
 use crate::iface::{Failure, Interface};
 use crate::tap::TapDevice;
-use crate::verbs::{AsyncEvent, CqKind, Endpoint, WaitFds};
+use crate::verbs::{AsyncEvent, Endpoint, WaitFds};
 
 const TAP: Token = Token(0);
 const CQ: Token = Token(1);
@@ -304,6 +306,7 @@ fn run(
                             .endpoint_mut()
                             .take_cq_events()
                             .map_err(Failure::Verbs)?;
+                        iface.on_cq_events(r, s);
                         napi.on_events(r + s);
                     }
                     ASYNC => {
@@ -359,9 +362,8 @@ fn run(
                 let rx = iface.poll_rx(tap, now)?;
                 let tx = iface.poll_tx(now)?;
                 if napi.polled(rx, tx) == Action::ArmAndRecheck {
-                    let ep = iface.endpoint_mut();
-                    ep.req_notify(CqKind::Recv).map_err(Failure::Verbs)?;
-                    ep.req_notify(CqKind::Send).map_err(Failure::Verbs)?;
+                    // Every CQ but one the `skip` policy left after a failed poll.
+                    iface.arm_cqs()?;
                     let rx = iface.poll_rx(tap, now)?;
                     let tx = iface.poll_tx(now)?;
                     napi.polled(rx, tx);
@@ -370,6 +372,10 @@ fn run(
             // TX's turn. When the ring runs low, reap send completions first.
             if gate.pending() && iface.free_send_slots() < iface.budget().min(32) {
                 iface.poll_tx(now)?;
+            }
+            // The `retry` policy: a failed poll is polled again at once.
+            if iface.take_poll_retry() {
+                napi.retry();
             }
             iface.tx_from_tap(tap, &mut gate, now)?;
             if now >= next_hk {

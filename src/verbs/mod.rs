@@ -48,6 +48,19 @@ pub enum CqKind {
     Send,
 }
 
+/// What [`Endpoint::recreate_cq`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CqRecreated {
+    /// The old CQ was destroyed. `false`: the device refused (the QP still uses it), so
+    /// it is kept, unpolled, until the QP goes.
+    pub old_destroyed: bool,
+    /// Why the old CQ was kept, when it was (e.g. `ibv_destroy_cq: EBUSY`).
+    pub refusal: Option<String>,
+    /// Completions the old CQ may still receive that nothing will poll: whether the QP
+    /// still completes into a CQ other than the one polled now.
+    pub qp_bound_elsewhere: bool,
+}
+
 /// Outcome of one work request, as reported by a completion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WcStatus {
@@ -443,6 +456,22 @@ pub trait Endpoint: Send {
     /// the swap (a failed destroy) leaves the new QP in place; the caller then drops the
     /// endpoint, as after any failed renewal, so the slot memory goes with it.
     fn restart_destroying_old(&mut self) -> Result<(), VerbsError>;
+
+    /// Replace one CQ and keep the QP and everything posted on it: a new CQ of the same
+    /// depth on the same channel is polled and armed from now on, and the old one is
+    /// destroyed if the device lets it go. The `recreate-cq` poll-failure policy, a
+    /// demonstration only: a QP's CQs are fixed when the QP is created (no verb moves a
+    /// QP to another CQ), and the IBTA (C11-17) has the device refuse to destroy a CQ
+    /// that a work queue still uses; rxe does (`EBUSY`). The QP's completions then go
+    /// on landing in the old CQ, which nothing polls, until a restart destroys the QP
+    /// and, after it, the old CQ. The default refuses.
+    fn recreate_cq(&mut self, cq: CqKind) -> Result<CqRecreated, VerbsError> {
+        let _ = cq;
+        Err(VerbsError::Invalid {
+            field: "recreate-cq",
+            why: "this provider cannot re-create a CQ".into(),
+        })
+    }
 
     /// Housekeeping between restarts, off their critical path (the datapath calls it
     /// from its periodic housekeeping, on the poller thread): prepare the QP and CQs the

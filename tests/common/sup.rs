@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{SockTap, arp_reply, arp_request, fabric, ipv4_frame, params};
-use uipoib::iface::Interface;
 use uipoib::iface::recovery::Policy;
 use uipoib::iface::stats::Stats;
+use uipoib::iface::{Interface, PollFailurePolicy};
 use uipoib::runtime::supervisor::{Status, Supervised, Supervisor};
 use uipoib::tap::TapDevice;
 use uipoib::verbs::Provider;
@@ -56,7 +56,19 @@ impl Side {
 }
 
 pub fn side(provider: Arc<dyn Provider>, dev: &str, addr: &str, policy: Policy) -> Side {
+    side_with(provider, dev, addr, policy, PollFailurePolicy::Restart)
+}
+
+/// [`side`] with a poll-failure policy.
+pub fn side_with(
+    provider: Arc<dyn Provider>,
+    dev: &str,
+    addr: &str,
+    policy: Policy,
+    on_poll_failure: PollFailurePolicy,
+) -> Side {
     let mut p = params(dev, addr, 64, 32);
+    p.poll_failure = on_poll_failure;
     p.tx_timeout = Duration::from_millis(300);
     let stats = Arc::new(Stats::default());
     let iface = Interface::open(provider.as_ref(), &p, stats.clone(), 1, &mut None).unwrap();
@@ -139,6 +151,30 @@ pub fn flows(from: &Side, from_ip: Ipv4Addr, to: &Side, to_ip: Ipv4Addr, tag: u3
 
 pub fn pair(policy: Policy) -> (Arc<SimFabric>, Arc<FaultSwitch>, Side, Side) {
     pair_with_grace(policy, Duration::ZERO)
+}
+
+/// Like [`pair`], side A (the faulty one) under `on_poll_failure`.
+pub fn pair_policy(
+    policy: Policy,
+    on_poll_failure: PollFailurePolicy,
+) -> (Arc<SimFabric>, Arc<FaultSwitch>, Side, Side) {
+    let sim = Arc::new(fabric(4096));
+    let faulty = FaultyProvider::new(sim.clone());
+    let switch = faulty.switch();
+    let a = side_with(
+        Arc::new(faulty),
+        "sim0",
+        "198.18.2.1/24",
+        policy,
+        on_poll_failure,
+    );
+    let b = side(sim.clone(), "sim1", "198.18.2.2/24", policy);
+    a.wait_state("running", 0);
+    b.wait_state("running", 0);
+    introduce(&a, &b);
+    flows(&a, A_IP, &b, B_IP, 0);
+    flows(&b, B_IP, &a, A_IP, 0);
+    (sim, switch, a, b)
 }
 
 /// Like [`pair`], on a fabric whose endpoint_restarts keep the replaced QP for `grace`.

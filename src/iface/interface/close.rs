@@ -306,6 +306,9 @@ impl Interface {
             stats::get(&stats.recv_flushed) + stats::get(&stats.send_flushed) - flushed_before;
         stats::add(&stats.recv_reaped, ledger.totals(Ring::Recv).reaped);
         stats::add(&stats.send_reaped, ledger.totals(Ring::Send).reaped);
+        // Reaped: nothing is waiting for a completion any more.
+        stats::set(&stats.recv_never_complete, 0);
+        stats::set(&stats.send_never_complete, 0);
         t.ledger = ledger.check();
         if t.ledger.is_ok()
             && ledger.totals(Ring::Recv).outstanding + ledger.totals(Ring::Send).outstanding != 0

@@ -11,8 +11,12 @@
 //! owns it while it runs, and hands it whole to the supervisor when a poll fails.
 
 mod close;
+mod poll_failure;
 mod rx;
 mod tx;
+
+pub use poll_failure::PollFailurePolicy;
+use poll_failure::cq_index;
 
 use close::forget_ahs;
 pub use close::{Closed, Closing, DrainStep, KeptEndpoint};
@@ -69,6 +73,8 @@ pub struct IfaceConfig {
     /// Send-stall watchdog: sends outstanding and no send completion for this long
     /// restarts the interface.
     pub tx_timeout: Duration,
+    /// What a failed CQ poll does ([`PollFailurePolicy::Restart`] but in demonstrations).
+    pub poll_failure: PollFailurePolicy,
 }
 
 /// A peer being sent to that has been silent this long is re-resolved by ARP (it may
@@ -293,6 +299,17 @@ pub struct Interface {
     unexpected_flushes: u64,
     /// Where the time of this epoch's open went.
     open_times: OpenTimes,
+    /// What a failed poll does.
+    poll_failure: PollFailurePolicy,
+    /// Per CQ (receive, send): left by `skip` after a failed poll, not polled or armed
+    /// until an event for it arrives.
+    parked: [bool; 2],
+    /// Per CQ: armed and no event taken since.
+    armed: [bool; 2],
+    /// Per ring: its QP completes into a CQ nothing polls (`recreate-cq`).
+    stranded: [bool; 2],
+    /// `retry`: a failed poll asks to be polled again at once.
+    retry_due: bool,
 }
 
 impl Interface {
@@ -444,6 +461,11 @@ impl Interface {
             broken: None,
             unexpected_flushes: 0,
             open_times: times,
+            poll_failure: p.poll_failure,
+            parked: [false; 2],
+            armed: [false; 2],
+            stranded: [false; 2],
+            retry_due: false,
             ep,
         };
         stats::set(&iface.stats.qpn, u64::from(a.qpn));
@@ -461,6 +483,7 @@ impl Interface {
         }
         iface.open_times.fill = watch.since(t);
         iface.sync_gauges();
+        iface.sync_loss_gauges();
         if on_kept {
             // On a kept endpoint: the supervisor's summary line follows.
             tracing::debug!(qpn = a.qpn, epoch, "interface open on the kept endpoint");
@@ -532,6 +555,14 @@ impl Interface {
         stats::set(&s.neigh_entries, self.neigh.len() as u64);
     }
 
+    /// The never-completing gauges (a scan of both rings: at open and in housekeeping,
+    /// never per poll).
+    fn sync_loss_gauges(&self) {
+        let [recv, send] = self.never_completing();
+        stats::set(&self.stats.recv_never_complete, recv);
+        stats::set(&self.stats.send_never_complete, send);
+    }
+
     /// Post every free receive slot, as one chain (one `ibv_post_recv`).
     pub fn fill_recv(&mut self) -> Result<usize, VerbsError> {
         self.recv_chain.clear();
@@ -587,6 +618,7 @@ impl Interface {
         self.flush_chain(now);
         self.check_broken()?;
         self.sync_gauges();
+        self.sync_loss_gauges();
         // The watchdog measures from the oldest send still outstanding, so one lost
         // completion is caught even while other sends keep completing.
         let outstanding = self.ledger.totals(Ring::Send).outstanding;
@@ -614,10 +646,13 @@ impl Interface {
         if self.untrusted {
             return Err(Failure::PollFailed(VerbsError::PollFailed { cq, ret: 0 }));
         }
-        self.ep.poll_cq(cq, &mut self.wc[..want]).map_err(|e| {
-            self.untrusted = true;
-            Failure::PollFailed(e)
-        })
+        if self.parked[cq_index(cq)] {
+            return Ok(0);
+        }
+        match self.ep.poll_cq(cq, &mut self.wc[..want]) {
+            Ok(n) => Ok(n),
+            Err(e) => self.on_poll_failure(cq, e),
+        }
     }
 
     fn outstanding(&self) -> u64 {

@@ -59,6 +59,9 @@ pub struct ConfigKeys {
     pub tap_offload: Option<bool>,
     /// Serve fault injection on the control socket.
     pub allow_faults: Option<bool>,
+    /// What a failed CQ poll does: `restart` (the default), or one of the
+    /// demonstrations `skip`, `retry`, `recreate-cq` (only with `allow-faults`).
+    pub poll_failure_policy: Option<String>,
 }
 
 impl ConfigKeys {
@@ -118,6 +121,7 @@ impl ConfigKeys {
             backoff_max_ms: self.backoff_max_ms.or(other.backoff_max_ms),
             tap_offload: self.tap_offload.or(other.tap_offload),
             allow_faults: self.allow_faults.or(other.allow_faults),
+            poll_failure_policy: self.poll_failure_policy.or(other.poll_failure_policy),
         }
     }
 }

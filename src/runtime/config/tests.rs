@@ -2,6 +2,7 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
 use super::*;
+use crate::iface::PollFailurePolicy;
 use crate::verbs::Gid;
 use crate::wire::ipv4::Ipv4Cidr;
 use crate::wire::translate::MAX_ADDR6;
@@ -274,6 +275,55 @@ fn allow_faults_is_an_opt_in_bool() {
         ..base()
     };
     assert!(Config::from_keys(flags.or(file)).unwrap().allow_faults);
+}
+
+#[test]
+fn the_alternative_poll_failure_policies_need_allow_faults() {
+    assert_eq!(
+        Config::from_keys(base()).unwrap().poll_failure,
+        PollFailurePolicy::Restart
+    );
+    for name in ["skip", "retry", "recreate-cq"] {
+        let keys = ConfigKeys {
+            poll_failure_policy: Some(name.into()),
+            ..base()
+        };
+        let err = Config::from_keys(keys.clone()).unwrap_err().to_string();
+        assert!(err.contains("poll-failure-policy"), "{err}");
+        assert!(err.contains("allow-faults"), "{err}");
+        assert!(err.contains(name), "{err}");
+        let c = Config::from_keys(ConfigKeys {
+            allow_faults: Some(true),
+            ..keys
+        })
+        .unwrap();
+        assert_eq!(c.poll_failure.name(), name);
+        assert_eq!(c.iface_config().poll_failure.name(), name);
+    }
+    // restart needs nothing; an unknown name lists the known ones.
+    let keys = ConfigKeys {
+        poll_failure_policy: Some("restart".into()),
+        ..base()
+    };
+    assert_eq!(
+        Config::from_keys(keys).unwrap().poll_failure,
+        PollFailurePolicy::Restart
+    );
+    let err = Config::from_keys(ConfigKeys {
+        poll_failure_policy: Some("ignore".into()),
+        allow_faults: Some(true),
+        ..base()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("\"ignore\"") && err.contains("recreate-cq"),
+        "{err}"
+    );
+    // From a file, kebab-case.
+    let text = "device = \"rxe0\"\ntap = \"uip0\"\naddr = \"198.18.1.1/24\"\nallow-faults = true\npoll-failure-policy = \"retry\"\n";
+    let c = Config::from_keys(ConfigKeys::parse(text).unwrap()).unwrap();
+    assert_eq!(c.poll_failure, PollFailurePolicy::Retry);
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::defaults::*;
 use super::{ConfigError, ConfigKeys};
-use crate::iface::IfaceConfig;
+use crate::iface::{IfaceConfig, PollFailurePolicy};
 use crate::verbs::{EndpointConfig, Gid};
 use crate::wire::ipoib;
 use crate::wire::ipv4::Ipv4Cidr;
@@ -61,6 +61,8 @@ pub struct Config {
     /// The control socket serves `inject`, `clear` and `faults` (off unless asked for:
     /// a fault breaks the interface on purpose).
     pub allow_faults: bool,
+    /// What a failed CQ poll does.
+    pub poll_failure: PollFailurePolicy,
 }
 
 /// The restart policy's defaults ([`Policy`] lives with the restart machine).
@@ -345,6 +347,24 @@ impl Config {
                 why: format!("{window_s} is outside 1..=86400"),
             });
         }
+        let allow_faults = f.allow_faults.unwrap_or(false);
+        let poll_failure = match f.poll_failure_policy.as_deref() {
+            None => PollFailurePolicy::Restart,
+            Some(s) => PollFailurePolicy::from_name(s).ok_or_else(|| ConfigError::Invalid {
+                key: "poll-failure-policy",
+                why: format!("unknown policy {s:?}; one of {}", PollFailurePolicy::NAMES),
+            })?,
+        };
+        if poll_failure.is_demonstration() && !allow_faults {
+            return Err(ConfigError::Invalid {
+                key: "poll-failure-policy",
+                why: format!(
+                    "{poll_failure} is a demonstration of what a failed poll does without a \
+                     restart (it leaves the interface wedged, busy or leaking) and is accepted \
+                     only with allow-faults (--allow-faults); restart is the policy for use"
+                ),
+            });
+        }
         let control = f.control.unwrap_or_else(|| default_control_path(&tap));
         Ok(Config {
             device,
@@ -366,7 +386,8 @@ impl Config {
             neigh_max_age: Duration::from_secs(age),
             tx_timeout,
             tap_offload: f.tap_offload.unwrap_or(DEFAULT_TAP_OFFLOAD),
-            allow_faults: f.allow_faults.unwrap_or(false),
+            allow_faults,
+            poll_failure,
             restart: Policy {
                 max_restarts,
                 window: Duration::from_secs(window_s),
@@ -401,6 +422,7 @@ impl Config {
             neigh_capacity: self.neigh_capacity,
             neigh_max_age: self.neigh_max_age,
             tx_timeout: self.tx_timeout,
+            poll_failure: self.poll_failure,
         }
     }
 }

@@ -36,6 +36,9 @@ fn faults_report(faults: &FaultSwitch) -> Value {
         "injected": faults.injected(),
         "fired": fired,
         "stalled": faults.stalled(),
+        "polls_failed": faults.polls_failed(),
+        "polls_after_failure": faults.polls_after_failure(),
+        "completions_swallowed": faults.completions_swallowed(),
         "recent": recent,
     })
 }

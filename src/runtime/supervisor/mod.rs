@@ -105,6 +105,16 @@ pub struct Status {
     /// Control-socket peers refused for their uid; filled in by the control server.
     #[serde(default)]
     pub control_peers_refused: u64,
+    /// What a failed CQ poll does (`restart` but in demonstrations).
+    #[serde(default = "default_policy_name")]
+    pub poll_failure_policy: String,
+    /// The daemon's process id (a fault comparison measures its CPU time).
+    #[serde(default)]
+    pub pid: u32,
+}
+
+fn default_policy_name() -> String {
+    crate::iface::PollFailurePolicy::Restart.name().into()
 }
 
 /// How one interface ended.

@@ -150,6 +150,13 @@ pub enum Fault {
     PollError {
         /// What `ibv_poll_cq` returns.
         ret: i32,
+        /// Completions the failing poll consumes from the CQ and never returns (at most
+        /// this many, up to what the CQ holds and the poll asked for): a CQ that fails on
+        /// real hardware may have taken entries it does not give back, and nothing
+        /// flushes them.
+        lose: u32,
+        /// Which CQ's polls fail.
+        cq: CqSel,
     },
     /// A completion on `cq` is swallowed.
     LostCompletion {
@@ -196,6 +203,23 @@ pub enum Fault {
     StallSend,
 }
 
+impl Fault {
+    /// A failed poll returning `ret`, on any CQ, losing nothing.
+    pub fn poll_error(ret: i32) -> Fault {
+        Fault::PollError {
+            ret,
+            lose: 0,
+            cq: CqSel::Any,
+        }
+    }
+}
+
+/// Most completions one failed poll may swallow (`lose`).
+pub const MAX_LOSE: u32 = 4096;
+
+/// Longest `for_ms` window accepted (an hour).
+pub const MAX_FOR_MS: u64 = 3_600_000;
+
 /// Default `ret` of a failed poll (`-EIO`).
 pub const DEFAULT_POLL_RET: i32 = -5;
 /// Default errno of a failed post (`ENOMEM`: the queue is full, what mlx5 returns).
@@ -231,6 +255,8 @@ impl Fault {
         match kind {
             FaultKind::PollError => Fault::PollError {
                 ret: DEFAULT_POLL_RET,
+                lose: 0,
+                cq: CqSel::Any,
             },
             FaultKind::LostCompletion => Fault::LostCompletion { cq: CqSel::Send },
             FaultKind::QpError => Fault::QpError { fatal_event: false },
@@ -262,6 +288,13 @@ pub struct FaultSpec {
     pub trigger: Trigger,
     /// How many times it fires before it is disarmed; `None`: until cleared.
     pub limit: Option<u64>,
+    /// Once it has fired, it stays armed this long and is then spent (`for_ms`): "every
+    /// poll fails for 2 s". `None`: no such window.
+    pub window: Option<Duration>,
+    /// It hits only the endpoint it first hit, and is spent once that endpoint is
+    /// restarted or closed (`until_restart`): "every poll fails until the interface is
+    /// restarted".
+    pub until_restart: bool,
 }
 
 impl FaultSpec {
@@ -276,6 +309,8 @@ impl FaultSpec {
             fault,
             trigger,
             limit: trigger.default_limit(),
+            window: None,
+            until_restart: false,
         }
     }
 
@@ -403,6 +438,26 @@ impl FaultSpec {
             }
         }
 
+        if let Some(ms) = get_u64(m, "for_ms")? {
+            if ms == 0 || ms > MAX_FOR_MS {
+                return Err(SpecError::new(
+                    "for_ms",
+                    format!("must be 1..={MAX_FOR_MS}, not {ms}"),
+                ));
+            }
+            spec.window = Some(Duration::from_millis(ms));
+        }
+        match m.get("until_restart") {
+            None | Some(Value::Null) => {}
+            Some(Value::Bool(b)) => spec.until_restart = *b,
+            Some(v) => {
+                return Err(SpecError::new(
+                    "until_restart",
+                    format!("must be true or false, not {v}"),
+                ));
+            }
+        }
+
         match m.get("count") {
             None | Some(Value::Null) => {}
             Some(Value::String(s)) if s == "unlimited" => spec = spec.unlimited(),
@@ -422,7 +477,7 @@ impl FaultSpec {
             SpecError::new(field, format!("does not apply to {}", kind.name()))
         };
         if let Some(v) = m.get("ret").filter(|v| !v.is_null()) {
-            let Fault::PollError { ret } = &mut spec.fault else {
+            let Fault::PollError { ret, .. } = &mut spec.fault else {
                 return Err(inapplicable("ret"));
             };
             let r = v
@@ -496,8 +551,21 @@ impl FaultSpec {
             }
             *bytes = n as u32;
         }
+        if let Some(n) = get_u64(m, "lose")? {
+            let Fault::PollError { lose, .. } = &mut spec.fault else {
+                return Err(inapplicable("lose"));
+            };
+            if n > u64::from(MAX_LOSE) {
+                return Err(SpecError::new(
+                    "lose",
+                    format!("at most {MAX_LOSE}, not {n}"),
+                ));
+            }
+            *lose = n as u32;
+        }
         if let Some(v) = m.get("cq").filter(|v| !v.is_null()) {
-            let Fault::LostCompletion { cq } = &mut spec.fault else {
+            let (Fault::LostCompletion { cq } | Fault::PollError { cq, .. }) = &mut spec.fault
+            else {
                 return Err(inapplicable("cq"));
             };
             *cq = match v.as_str() {
@@ -529,12 +597,22 @@ impl FaultSpec {
                 v["seed"] = seed.into();
             }
         }
+        if let Some(w) = self.window {
+            v["for_ms"] = (w.as_millis() as u64).into();
+        }
+        if self.until_restart {
+            v["until_restart"] = true.into();
+        }
         v["count"] = match self.limit {
             Some(n) => n.into(),
             None => "unlimited".into(),
         };
         match self.fault {
-            Fault::PollError { ret } => v["ret"] = ret.into(),
+            Fault::PollError { ret, lose, cq } => {
+                v["ret"] = ret.into();
+                v["lose"] = lose.into();
+                v["cq"] = cq.name().into();
+            }
             Fault::LostCompletion { cq } => v["cq"] = cq.name().into(),
             Fault::QpError { fatal_event } => {
                 v["event"] = if fatal_event { "qp-fatal" } else { "none" }.into()
@@ -555,7 +633,16 @@ impl fmt::Display for FaultSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.kind())?;
         match self.fault {
-            Fault::PollError { ret } => write!(f, " (ret {ret})")?,
+            Fault::PollError { ret, lose, cq } => {
+                write!(f, " (ret {ret}")?;
+                if cq != CqSel::Any {
+                    write!(f, ", {} CQ", cq.name())?;
+                }
+                if lose > 0 {
+                    write!(f, ", losing up to {lose} completions")?;
+                }
+                write!(f, ")")?
+            }
             Fault::LostCompletion { cq } => write!(f, " (cq {})", cq.name())?,
             Fault::QpError { fatal_event: true } => write!(f, " (with QP_FATAL)")?,
             Fault::QpError { fatal_event: false } => {}
@@ -569,10 +656,17 @@ impl fmt::Display for FaultSpec {
         }
         write!(f, ", {}", self.trigger)?;
         match self.limit {
-            Some(1) => write!(f, ", once"),
-            Some(n) => write!(f, ", {n} times"),
-            None => write!(f, ", until cleared"),
+            Some(1) => write!(f, ", once")?,
+            Some(n) => write!(f, ", {n} times")?,
+            None => write!(f, ", until cleared")?,
         }
+        if let Some(w) = self.window {
+            write!(f, ", for {} ms from its first hit", w.as_millis())?;
+        }
+        if self.until_restart {
+            write!(f, ", until the endpoint it hits restarts")?;
+        }
+        Ok(())
     }
 }
 
@@ -596,7 +690,7 @@ impl SpecError {
 }
 
 /// Fields an `inject` request may carry (`cmd` first).
-const FIELDS: [&str; 14] = [
+const FIELDS: [&str; 17] = [
     "cmd",
     "fault",
     "after",
@@ -611,6 +705,9 @@ const FIELDS: [&str; 14] = [
     "delay_ms",
     "bytes",
     "cq",
+    "lose",
+    "for_ms",
+    "until_restart",
 ];
 
 fn get_u64(m: &Map<String, Value>, field: &'static str) -> Result<Option<u64>, SpecError> {
@@ -713,7 +810,7 @@ mod tests {
     #[test]
     fn defaults() {
         let s = parse(json!({"cmd": "inject", "fault": "poll-error"})).unwrap();
-        assert_eq!(s.fault, Fault::PollError { ret: -5 });
+        assert_eq!(s.fault, Fault::poll_error(-5));
         assert_eq!((s.trigger, s.limit), (Trigger::Now, Some(1)));
         let s = parse(json!({"fault": "slow-poll"})).unwrap();
         assert_eq!((s.trigger, s.limit), (Trigger::Every(1), None));
@@ -739,7 +836,7 @@ mod tests {
     fn every_trigger_and_option() {
         let s =
             parse(json!({"fault": "poll-error", "after": 1000, "ret": -22, "count": 3})).unwrap();
-        assert_eq!(s.fault, Fault::PollError { ret: -22 });
+        assert_eq!(s.fault, Fault::poll_error(-22));
         assert_eq!((s.trigger, s.limit), (Trigger::After(1000), Some(3)));
         let s = parse(json!({"fault": "corrupt-rx", "probability": 0.25, "seed": 9, "bytes": 4}))
             .unwrap();
@@ -883,12 +980,60 @@ mod tests {
         specs.push(FaultSpec::new(Fault::AsyncFatal {
             event: AsyncEvent::DeviceRemoved,
         }));
+        specs.push(FaultSpec {
+            window: Some(Duration::from_millis(2000)),
+            until_restart: true,
+            ..FaultSpec::new(Fault::PollError {
+                ret: -22,
+                lose: 64,
+                cq: CqSel::Recv,
+            })
+            .trigger(Trigger::Every(1))
+        });
         for s in specs {
             let back = FaultSpec::from_json(&s.to_json()).unwrap();
             assert_eq!(back, s, "{}", s.to_json());
             assert!(s.to_string().starts_with(s.kind().name()));
         }
-        let s = FaultSpec::new(Fault::PollError { ret: -5 }).trigger(Trigger::After(1000));
+        let s = FaultSpec::new(Fault::poll_error(-5)).trigger(Trigger::After(1000));
         assert_eq!(s.to_string(), "poll-error (ret -5), after 1000, once");
+    }
+
+    #[test]
+    fn a_poll_error_that_loses_completions_for_a_while() {
+        let s = parse(
+            json!({"fault": "poll-error", "every": 1, "cq": "recv", "lose": 64, "for_ms": 2000}),
+        )
+        .unwrap();
+        assert_eq!(
+            s.fault,
+            Fault::PollError {
+                ret: DEFAULT_POLL_RET,
+                lose: 64,
+                cq: CqSel::Recv
+            }
+        );
+        assert_eq!(s.window, Some(Duration::from_millis(2000)));
+        assert!(!s.until_restart);
+        assert_eq!(
+            s.to_string(),
+            "poll-error (ret -5, recv CQ, losing up to 64 completions), every 1, until cleared, for 2000 ms from its first hit"
+        );
+        let s = parse(json!({"fault": "poll-error", "every": 1, "until_restart": true})).unwrap();
+        assert!(s.until_restart && s.window.is_none());
+        for (bad, field) in [
+            (json!({"fault": "poll-error", "lose": 5000}), "lose"),
+            (json!({"fault": "poll-error", "lose": -1}), "lose"),
+            (json!({"fault": "lost-completion", "lose": 1}), "lose"),
+            (json!({"fault": "poll-error", "cq": "both"}), "cq"),
+            (json!({"fault": "poll-error", "for_ms": 0}), "for_ms"),
+            (
+                json!({"fault": "poll-error", "until_restart": "yes"}),
+                "until_restart",
+            ),
+        ] {
+            let e = parse(bad.clone()).unwrap_err();
+            assert_eq!(e.field, field, "{bad}: {e}");
+        }
     }
 }

@@ -370,6 +370,24 @@ impl CompChannel {
 }
 
 impl Cq {
+    /// Try to destroy the CQ, keeping it when the device refuses: `Err(errno)` leaves it
+    /// live and owned here (a CQ a QP still uses is refused, IBTA C11-17; rxe: EBUSY),
+    /// to be closed once that QP is gone.
+    pub(super) fn try_close(&mut self) -> Result<(), i32> {
+        if self.ptr.is_null() {
+            return Ok(());
+        }
+        // SAFETY: `ptr` is live and owned by this value only; the destroy either frees it
+        // (then it is cleared below and never used again) or fails and leaves it intact
+        // (rdma-core frees nothing when the kernel refuses).
+        let ret = unsafe { ibv_destroy_cq(self.ptr) };
+        if ret == 0 {
+            self.ptr = ptr::null_mut();
+            return Ok(());
+        }
+        Err(if ret > 0 { ret } else { -ret })
+    }
+
     /// A CQ of at least `depth` entries whose events go to `channel`.
     pub(super) fn create(
         ctx: &Context,

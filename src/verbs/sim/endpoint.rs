@@ -200,6 +200,10 @@ impl Endpoint for SimEndpoint {
     }
 
     fn poll_cq(&mut self, cq: CqKind, out: &mut [Completion]) -> Result<usize, VerbsError> {
+        if self.recreated[cq_index(cq)] {
+            // A re-created CQ: no work queue completes into it.
+            return Ok(0);
+        }
         match cq {
             CqKind::Send => {
                 let mut st = lock(&self.qp.state);
@@ -236,8 +240,39 @@ impl Endpoint for SimEndpoint {
     }
 
     fn req_notify(&mut self, cq: CqKind) -> Result<(), VerbsError> {
+        if self.recreated[cq_index(cq)] {
+            // Armed, but nothing will ever complete into it: no event.
+            return Ok(());
+        }
         lock(&self.qp.state).armed[cq_index(cq)] = true;
         Ok(())
+    }
+
+    /// As the IBTA has it (C11-17) and rxe does: the QP's CQ cannot be destroyed while
+    /// the QP uses it, so it is kept and goes on receiving the QP's completions, and the
+    /// new CQ (polled and armed from now on) receives none. A CQ made by an earlier
+    /// re-creation is used by no QP and goes.
+    fn recreate_cq(&mut self, cq: CqKind) -> Result<crate::verbs::CqRecreated, VerbsError> {
+        let i = cq_index(cq);
+        let first = !self.recreated[i];
+        self.recreated[i] = true;
+        if first {
+            // The old CQ's pending event (if it was armed) means nothing any more.
+            let mut st = lock(&self.qp.state);
+            st.armed[i] = false;
+            st.events[i] = 0;
+        }
+        Ok(crate::verbs::CqRecreated {
+            old_destroyed: !first,
+            refusal: first.then(|| {
+                format!(
+                    "ibv_destroy_cq: {} (QP {} still uses it)",
+                    io::Error::from_raw_os_error(libc::EBUSY),
+                    self.qp.qpn
+                )
+            }),
+            qp_bound_elsewhere: true,
+        })
     }
 
     /// Makes the simulated completion channel (the read end of a socket pair) and gives
@@ -283,6 +318,9 @@ impl Endpoint for SimEndpoint {
             }
         }
         let [r, s] = std::mem::take(&mut lock(&self.qp.state).events);
+        // Events of a CQ that was replaced are not the polled CQ's.
+        let r = if self.recreated[0] { 0 } else { r };
+        let s = if self.recreated[1] { 0 } else { s };
         Ok((r, s))
     }
 
@@ -430,6 +468,7 @@ impl SimEndpoint {
         self.qp = qp;
         self.attrs.qpn = qpn;
         self.polled.clear();
+        self.recreated = [false; 2];
         self.fabric
             .endpoint_restarts
             .fetch_add(1, Ordering::Relaxed);

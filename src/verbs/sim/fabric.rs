@@ -369,6 +369,7 @@ impl Provider for SimFabric {
                 *lock(&self.inner.retire_grace),
                 RETIRED_CAP,
             )),
+            recreated: [false; 2],
         }))
     }
 }

@@ -363,4 +363,8 @@ struct SimEndpoint {
     channel: Option<UnixStream>,
     /// QPs endpoint_restarts replaced, until the reaper (or the drop) destroys them.
     retired: Arc<RetireQueue<SimRetired>>,
+    /// Per CQ kind (receive, send): the CQ polled and armed is one `recreate_cq` made,
+    /// which the QP does not complete into (the QP's own CQ could not be destroyed and
+    /// goes on filling, unpolled). Cleared by a restart (a new QP on new CQs).
+    recreated: [bool; 2],
 }

@@ -101,6 +101,15 @@ impl FaultyEndpoint {
                 if mask & bit(kind) == 0 || (kind == FaultKind::StallSend && cq != CqKind::Send) {
                     continue;
                 }
+                if kind == FaultKind::PollError
+                    && !matches!(
+                        st.armed[kind.index()].as_ref().map(|a| a.spec.fault),
+                        Some(Fault::PollError { cq: sel, .. }) if sel.matches(cq)
+                    )
+                {
+                    // Only the selected CQ's polls count.
+                    continue;
+                }
                 hits[i] = st.check(&sw.mask, kind, id, now);
             }
         }
@@ -117,7 +126,17 @@ impl FaultyEndpoint {
                         sw.inject_async(AsyncEvent::QpFatal);
                     }
                 }
-                Fault::PollError { ret } => {
+                Fault::PollError { ret, lose, .. } => {
+                    if lose > 0 {
+                        // The failing poll consumes entries it never returns.
+                        let want = out.len().min(lose as usize);
+                        let taken = self.inner.poll_cq(cq, &mut out[..want]).unwrap_or(0);
+                        for c in &out[..taken] {
+                            self.recv_slots.remove(&c.wr_id);
+                        }
+                        sw.completions_swallowed
+                            .fetch_add(taken as u64, Ordering::SeqCst);
+                    }
                     self.failed = true;
                     sw.polls_failed.fetch_add(1, Ordering::SeqCst);
                     return Err(VerbsError::PollFailed { cq, ret });
@@ -440,6 +459,9 @@ impl Endpoint for FaultyEndpoint {
     }
     fn prepare_spare(&mut self) -> Result<(), VerbsError> {
         self.inner.prepare_spare()
+    }
+    fn recreate_cq(&mut self, cq: CqKind) -> Result<crate::verbs::CqRecreated, VerbsError> {
+        self.inner.recreate_cq(cq)
     }
 
     fn reaper(&self) -> Option<Arc<dyn crate::verbs::retire::Reaper>> {

@@ -112,6 +112,10 @@ struct Armed {
     schedule: Schedule,
     /// Chooses the bytes a corruption flips.
     noise: SplitMix64,
+    /// When it first hit (its `for_ms` window runs from then).
+    first_hit: Option<Instant>,
+    /// The endpoint it first hit (with `until_restart`, the only one it hits).
+    bound: Option<u64>,
 }
 
 /// What a hit hands the hook.
@@ -169,6 +173,7 @@ pub struct FaultSwitch {
     state: Mutex<State>,
     polls_failed: AtomicU64,
     polls_after_failure: AtomicU64,
+    completions_swallowed: AtomicU64,
     hidden: AtomicBool,
     opens: AtomicU64,
     endpoint_restarts: AtomicU64,
@@ -196,7 +201,25 @@ impl State {
     fn check(&mut self, mask: &AtomicU32, kind: FaultKind, ep: u64, now: Instant) -> Option<Hit> {
         let slot = &mut self.armed[kind.index()];
         let a = slot.as_mut()?;
+        let over = a.bound.is_some_and(|b| b != ep)
+            || a.spec
+                .window
+                .zip(a.first_hit)
+                .is_some_and(|(w, t0)| now.saturating_duration_since(t0) >= w);
+        if over {
+            // Its window has passed, or the endpoint it was bound to is gone (restarted
+            // or closed): spent.
+            *slot = None;
+            mask.fetch_and(!bit(kind), Ordering::Relaxed);
+            return None;
+        }
         let hit = a.schedule.on_op(now);
+        if hit {
+            a.first_hit.get_or_insert(now);
+            if a.spec.until_restart {
+                a.bound.get_or_insert(ep);
+            }
+        }
         let out = hit.then(|| Hit {
             fault: a.spec.fault,
             noise: a.noise.next_u64(),
@@ -271,18 +294,20 @@ impl FaultSwitch {
             spec,
             schedule: Schedule::new(spec.trigger, spec.limit, Instant::now()),
             noise: SplitMix64::new(noise_seed),
+            first_hit: None,
+            bound: None,
         });
         self.mask.fetch_or(bit(kind), Ordering::Relaxed);
     }
 
     /// Make every `poll_cq` fail with `ret` (a negative value) until cleared.
     pub fn arm_poll_error(&self, ret: i32) {
-        self.arm(FaultSpec::new(Fault::PollError { ret: ret.min(-1) }).unlimited());
+        self.arm(FaultSpec::new(Fault::poll_error(ret.min(-1))).unlimited());
     }
 
     /// Make the next `n` `poll_cq` calls fail with `ret` (`u64::MAX`: until cleared).
     pub fn arm_poll_error_n(&self, ret: i32, n: u64) {
-        let spec = FaultSpec::new(Fault::PollError { ret: ret.min(-1) });
+        let spec = FaultSpec::new(Fault::poll_error(ret.min(-1)));
         self.arm(if n == u64::MAX {
             spec.unlimited()
         } else {
@@ -400,6 +425,12 @@ impl FaultSwitch {
     /// Polls that were made to fail.
     pub fn polls_failed(&self) -> u64 {
         self.polls_failed.load(Ordering::SeqCst)
+    }
+
+    /// Completions taken from a CQ by failing polls (`poll-error` with `lose`) and never
+    /// returned: the work requests they completed will never complete.
+    pub fn completions_swallowed(&self) -> u64 {
+        self.completions_swallowed.load(Ordering::SeqCst)
     }
 
     /// `poll_cq` calls on an endpoint after it returned a failed poll.

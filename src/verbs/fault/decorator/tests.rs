@@ -130,7 +130,7 @@ fn inert_until_armed_then_poll_error_after_n() {
     assert_eq!(ids(&poll(&mut *r.a, CqKind::Send)), vec![1, 2, 3]);
     assert_eq!(r.switch.injected(), 0);
     r.switch.arm(
-        FaultSpec::new(Fault::PollError { ret: -22 })
+        FaultSpec::new(Fault::poll_error(-22))
             .trigger(Trigger::After(2))
             .limit(2),
     );

@@ -67,6 +67,9 @@ struct Retired {
     qp: Qp,
     recv_cq: Cq,
     send_cq: Cq,
+    /// CQs the QP was created on that `recreate_cq` replaced and the device would not
+    /// destroy while the QP used them: they go after it.
+    abandoned: Vec<Cq>,
 }
 
 // SAFETY: the QP and CQs are owned by this value alone and libibverbs objects may be
@@ -86,12 +89,16 @@ impl Destroy for Retired {
         // acknowledges the events of any CQ at once, and the kernel drops unread ones.
         let recv = self.recv_cq.close();
         let send = self.send_cq.close();
+        let mut abandoned = Ok(());
+        for cq in &mut self.abandoned {
+            abandoned = abandoned.and(cq.close());
+        }
         tracing::debug!(
             qp_ms,
             total_ms = start.elapsed().as_secs_f64() * 1e3,
             "retired QP and CQs destroyed"
         );
-        qp.and(recv).and(send)
+        qp.and(recv).and(send).and(abandoned)
     }
 }
 
@@ -104,6 +111,7 @@ impl Retired {
             self.send_cq.as_ptr().cast(),
         ]
         .contains(&ptr)
+            || self.abandoned.iter().any(|cq| cq.as_ptr().cast() == ptr)
     }
 }
 
@@ -183,6 +191,9 @@ pub struct RdmaEndpoint {
     qp: Qp,
     recv_cq: Cq,
     send_cq: Cq,
+    /// The QP's own CQs that `recreate_cq` replaced and the device kept (the QP still
+    /// completes into them; nothing polls them): destroyed after the QP.
+    abandoned: Vec<(CqKind, Cq)>,
     channel: CompChannel,
     mr: Mr,
     pd: Pd,
@@ -263,6 +274,9 @@ impl RdmaEndpoint {
         // No CQ event is left unacknowledged: take_cq_events acks what it reads.
         keep(self.recv_cq.close());
         keep(self.send_cq.close());
+        for (_, mut cq) in std::mem::take(&mut self.abandoned) {
+            keep(cq.close());
+        }
         keep(self.channel.close());
         keep(self.mr.close());
         keep(self.pd.close());
@@ -419,6 +433,10 @@ impl Endpoint for RdmaEndpoint {
 
     fn restart(&mut self) -> Result<(), VerbsError> {
         self.restart_queues(false)
+    }
+
+    fn recreate_cq(&mut self, cq: CqKind) -> Result<crate::verbs::CqRecreated, VerbsError> {
+        self.recreate_one_cq(cq)
     }
 
     fn restart_destroying_old(&mut self) -> Result<(), VerbsError> {

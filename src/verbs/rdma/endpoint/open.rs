@@ -153,6 +153,7 @@ impl RdmaEndpoint {
             qp,
             recv_cq,
             send_cq,
+            abandoned: Vec::new(),
             channel,
             mr,
             pd,

@@ -2,18 +2,19 @@
 //! can), keeping the context, PD, memory and channel; the old ones retired for their
 //! grace or destroyed at once; and the GID check that says whether a renewal may be done.
 
+use std::io;
 use std::time::Instant;
 
 use rdma_sys::*;
 
 use super::super::device;
-use super::super::objects::ret_errno;
+use super::super::objects::{Cq, ret_errno};
 use super::multicast::detach_raw;
 use super::open::grh_kind;
 use super::{Queues, RdmaEndpoint, Retired, raw_gid};
 #[cfg(doc)]
 use crate::verbs::Endpoint;
-use crate::verbs::{Gid, VerbsError};
+use crate::verbs::{CqKind, Gid, VerbsError};
 
 impl RdmaEndpoint {
     /// [`Endpoint::prepare_spare`]: prepare the spare queues (the retired ones are the
@@ -131,6 +132,11 @@ impl RdmaEndpoint {
         let old_qp = std::mem::replace(&mut self.qp, qp);
         let old_recv = std::mem::replace(&mut self.recv_cq, recv_cq);
         let old_send = std::mem::replace(&mut self.send_cq, send_cq);
+        // CQs the old QP still completes into (see `recreate_one_cq`) go with it.
+        let abandoned_cqs: Vec<Cq> = std::mem::take(&mut self.abandoned)
+            .into_iter()
+            .map(|(_, cq)| cq)
+            .collect();
         // rxe refuses to destroy a QP that is still attached (EBUSY): detach first.
         for join in &self.mcast {
             keep(
@@ -147,10 +153,14 @@ impl RdmaEndpoint {
                 qp: old_qp,
                 recv_cq: old_recv,
                 send_cq: old_send,
+                abandoned: abandoned_cqs,
             };
             keep(old.qp.close());
             keep(old.recv_cq.close());
             keep(old.send_cq.close());
+            for cq in &mut old.abandoned {
+                keep(cq.close());
+            }
         } else {
             // The old QP (in the error state with every WR flushed, in no group, never
             // polled again) and its CQs are destroyed later, by the reaper, once their
@@ -162,6 +172,7 @@ impl RdmaEndpoint {
                     qp: old_qp,
                     recv_cq: old_recv,
                     send_cq: old_send,
+                    abandoned: abandoned_cqs,
                 },
             ));
         }
@@ -201,5 +212,49 @@ impl RdmaEndpoint {
             Err(VerbsError::NoGid { .. }) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+}
+
+impl RdmaEndpoint {
+    /// [`Endpoint::recreate_cq`]: a new CQ of the same depth on the endpoint's channel
+    /// takes the old one's place for polling and arming; the old one is destroyed if the
+    /// device lets it go, else kept (with the kind it was) until the QP is gone.
+    pub(super) fn recreate_one_cq(
+        &mut self,
+        kind: CqKind,
+    ) -> Result<crate::verbs::CqRecreated, VerbsError> {
+        if self.lost.is_some() || self.closed {
+            return Err(VerbsError::RenewRefused(
+                "the device is gone; no CQ can be made".into(),
+            ));
+        }
+        let depth = match kind {
+            CqKind::Recv => self.attrs.recv_slots,
+            CqKind::Send => self.attrs.send_slots,
+        };
+        let new = Cq::create(&self.ctx, depth, &self.channel, &self.log)?;
+        let mut old = match kind {
+            CqKind::Recv => std::mem::replace(&mut self.recv_cq, new),
+            CqKind::Send => std::mem::replace(&mut self.send_cq, new),
+        };
+        let refusal = match old.try_close() {
+            Ok(()) => None,
+            Err(errno) => {
+                let why = format!(
+                    "ibv_destroy_cq: {} (QP {} still uses it)",
+                    io::Error::from_raw_os_error(errno),
+                    self.attrs.qpn
+                );
+                self.abandoned.push((kind, old));
+                Some(why)
+            }
+        };
+        let bound_elsewhere = self.abandoned.iter().any(|(k, _)| *k == kind);
+        tracing::debug!(cq = ?kind, old_destroyed = refusal.is_none(), bound_elsewhere, "CQ re-created, QP kept");
+        Ok(crate::verbs::CqRecreated {
+            old_destroyed: refusal.is_none(),
+            refusal,
+            qp_bound_elsewhere: bound_elsewhere,
+        })
     }
 }
