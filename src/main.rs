@@ -10,6 +10,7 @@ use std::sync::Arc;
 use clap::{ArgAction, Args, Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
+use uipoib::iface::PollFailurePolicy;
 use uipoib::iface::stats::Snapshot;
 use uipoib::runtime::config::{AddrList, Config, ConfigError, ConfigKeys};
 use uipoib::runtime::control;
@@ -113,6 +114,12 @@ struct UpArgs {
     /// control socket; without it those are refused. For recovery tests only.
     #[arg(long)]
     allow_faults: bool,
+    /// What a failed CQ poll does: restart (the default: the whole interface is torn
+    /// down, reaped and rebuilt), or, to see why, one of the alternatives argued in
+    /// 2016: skip (drop the poll, leave the CQ unarmed), retry (poll again at once),
+    /// recreate-cq (replace that CQ, keep the QP). The alternatives need --allow-faults.
+    #[arg(long, value_name = "POLICY")]
+    poll_failure_policy: Option<String>,
     #[command(flatten)]
     tune: TuneArgs,
 }
@@ -143,6 +150,133 @@ enum FaultCmd {
     Run(RunArgs),
     /// Check scenario files without running them (exits 2 naming the first problem).
     Check(CheckArgs),
+    /// Play a scenario once per poll-failure policy, each against a daemon this command
+    /// starts fresh (`uipoib up UP_ARGS --tap TAP --allow-faults --poll-failure-policy
+    /// P`), and print one table of what each policy did (also as JSON). Exits 1 if a
+    /// ledger does not account for every work request, restart did not recover, or a
+    /// daemon could not be run; 2 on a usage error.
+    Compare(CompareArgs),
+}
+
+#[derive(Args)]
+#[command(
+    after_help = "Example (in the rxe lab, guest b, guest a serving iperf3):
+  uipoib fault compare config/faults/compare-transient.toml --tap uip0 \
+      --var peer=198.18.1.1 --json compare.json -- --device rxe0 --addr 198.18.1.2/24"
+)]
+struct CompareArgs {
+    /// The scenario file (its `[compare]` table may list the policies).
+    file: PathBuf,
+    /// The policies to compare, comma-separated (default: the file's, else all four:
+    /// restart, skip, retry, recreate-cq).
+    #[arg(long, value_delimiter = ',')]
+    policies: Vec<String>,
+    /// The TAP each daemon creates.
+    #[arg(long)]
+    tap: String,
+    /// The daemons' control socket (default /run/uipoib/<tap>.sock).
+    #[arg(long)]
+    control: Option<PathBuf>,
+    /// Set a scenario variable (overrides the file's [vars]); repeatable.
+    #[arg(long = "var", value_name = "NAME=VALUE")]
+    vars: Vec<String>,
+    /// Also write the comparison as JSON to this file.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+    /// Where the daemons' logs go (default: the system's temporary directory).
+    #[arg(long, value_name = "DIR")]
+    logs: Option<PathBuf>,
+    /// How long each daemon may take to answer `running`.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    start_timeout_secs: u64,
+    /// No progress lines on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+    /// `uipoib up`'s other arguments (device, address, config file, tuning), after `--`.
+    #[arg(last = true, required = true, value_name = "UP_ARGS")]
+    up_args: Vec<std::ffi::OsString>,
+}
+
+fn scenario_compare(a: &CompareArgs) -> ExitCode {
+    let usage = |m: String| {
+        eprintln!("uipoib: {m}");
+        ExitCode::from(2)
+    };
+    let vars = match parse_vars(&a.vars) {
+        Ok(v) => v,
+        Err(e) => return usage(e),
+    };
+    let scenario = match Scenario::load(&a.file, &vars) {
+        Ok(s) => s,
+        Err(e) => return usage(e.to_string()),
+    };
+    let policies = if a.policies.is_empty() {
+        scenario
+            .compare
+            .as_ref()
+            .map_or_else(|| PollFailurePolicy::ALL.to_vec(), |c| c.policies.clone())
+    } else {
+        match uipoib::scenario::parse_policies(&a.policies) {
+            Ok(p) => p,
+            Err(e) => return usage(format!("--policies: {e}")),
+        }
+    };
+    for arg in &a.up_args {
+        let s = arg.to_string_lossy();
+        let name = s.split('=').next().unwrap_or("");
+        if [
+            "--tap",
+            "--control",
+            "--allow-faults",
+            "--poll-failure-policy",
+        ]
+        .contains(&name)
+        {
+            return usage(format!(
+                "{name} after `--`: the comparison sets it for every daemon (give --tap and --control before `--`)"
+            ));
+        }
+    }
+    let program = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => return usage(format!("cannot find this program's path: {e}")),
+    };
+    let control = a
+        .control
+        .clone()
+        .unwrap_or_else(|| uipoib::runtime::config::default_control_path(&a.tap));
+    let opts = uipoib::scenario::CompareOptions {
+        scenario,
+        policies,
+        tap: a.tap.clone(),
+        control,
+        control_flag: a.control.clone(),
+        up_args: a.up_args.clone(),
+        program,
+        logs: a.logs.clone().unwrap_or_else(std::env::temp_dir),
+        start_timeout: std::time::Duration::from_secs(a.start_timeout_secs.max(1)),
+        quiet: a.quiet,
+    };
+    let report = opts.run();
+    print!("{}", report.to_text());
+    if let Some(p) = &a.json {
+        let text = match serde_json::to_string_pretty(&report) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("uipoib: the comparison as JSON: {e}");
+                return ExitCode::from(1);
+            }
+        };
+        if let Err(e) = std::fs::write(p, text + "\n") {
+            eprintln!("uipoib: writing {}: {e}", p.display());
+            return ExitCode::from(1);
+        }
+    }
+    if report.passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
 }
 
 #[derive(Args)]
@@ -440,6 +574,7 @@ fn up_config(a: &UpArgs) -> Result<Config, ConfigError> {
         gid_index: a.gid_index,
         control: a.control.clone(),
         allow_faults: a.allow_faults.then_some(true),
+        poll_failure_policy: a.poll_failure_policy.clone(),
         ..Default::default()
     };
     Config::from_keys(a.tune.apply(flags.or(file)))
@@ -499,6 +634,7 @@ fn main() -> ExitCode {
         Cmd::Fault(FaultCmd::Show(q)) => query(&q, "faults"),
         Cmd::Fault(FaultCmd::Run(a)) => scenario_run(&a),
         Cmd::Fault(FaultCmd::Check(a)) => scenario_check(&a),
+        Cmd::Fault(FaultCmd::Compare(a)) => scenario_compare(&a),
         Cmd::Fault(FaultCmd::Inject(a)) => {
             let req = a.request();
             // Checked here too, so a mistake is named even when no daemon runs.
@@ -650,6 +786,18 @@ fn status_text(s: &Status) -> String {
     let _ = writeln!(t, "mtu       {}", s.mtu);
     let _ = writeln!(t, "epoch     {}", s.epoch);
     let _ = writeln!(t, "restarts  {}", s.restarts);
+    let _ = writeln!(
+        t,
+        "on fail   {}",
+        if s.poll_failure_policy == "restart" {
+            "restart (a failed CQ poll restarts the interface)".to_string()
+        } else {
+            format!(
+                "{} (a failed CQ poll does not restart: a demonstration, not for use)",
+                s.poll_failure_policy
+            )
+        }
+    );
     let _ = writeln!(
         t,
         "faults    {}",

@@ -121,6 +121,7 @@ use std::time::Duration;
 
 use crate::verbs::fault::FaultSpec;
 
+mod compare;
 mod expect;
 mod fields;
 mod gaps;
@@ -132,7 +133,8 @@ mod run;
 mod steps;
 mod traffic;
 
-pub use parse::{counter_names, substitute};
+pub use compare::{CompareOptions, CompareReport, PolicyRun};
+pub use parse::{counter_names, parse_policies, substitute};
 pub use report::{
     AtRest, DaemonRestart, FaultReport, Iperf3Session, Iperf3Window, Outcome, Report, Throughput,
     TrafficReport,
@@ -192,6 +194,20 @@ pub struct Scenario {
     pub traffic: Option<Traffic>,
     /// The steps.
     pub steps: Vec<Step>,
+    /// How `uipoib fault compare` plays it, when the file says (`[compare]`).
+    pub compare: Option<CompareSpec>,
+}
+
+/// A scenario's `[compare]` table: the poll-failure policies to play it under, one
+/// fresh daemon each, and the windows the comparison measures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompareSpec {
+    /// The policies, in order (`policies`; default: all four).
+    pub policies: Vec<crate::iface::PollFailurePolicy>,
+    /// The "during" window, from the injection (`during_ms`, default 2000).
+    pub during: Duration,
+    /// The "after" window, ending when the steps end (`after_ms`, default 3000).
+    pub after: Duration,
 }
 
 /// The background load of a scenario.

@@ -10,7 +10,8 @@ use serde_json::Value;
 use toml::Spanned;
 
 use super::fields::Fields;
-use super::{Action, MAX_REPEAT, Scenario, ScenarioError, Step, Traffic};
+use super::{Action, CompareSpec, MAX_REPEAT, Scenario, ScenarioError, Step, Traffic};
+use crate::iface::PollFailurePolicy;
 use crate::iface::stats::{DropReason, Snapshot};
 
 impl Scenario {
@@ -51,6 +52,7 @@ struct RawScenario {
     #[serde(default)]
     vars: BTreeMap<String, Spanned<toml::Value>>,
     traffic: Option<Spanned<RawTable>>,
+    compare: Option<Spanned<RawTable>>,
     #[serde(default)]
     step: Vec<Spanned<RawTable>>,
 }
@@ -60,6 +62,25 @@ pub(super) type RawTable = BTreeMap<String, Spanned<toml::Value>>;
 pub(super) struct Parser<'a> {
     pub(super) path: &'a Path,
     pub(super) text: &'a str,
+}
+
+/// Policy names (`restart`, `skip`, `retry`, `recreate-cq`), each once, in the order
+/// given.
+pub fn parse_policies<S: AsRef<str>>(names: &[S]) -> Result<Vec<PollFailurePolicy>, String> {
+    let mut out = Vec::new();
+    for n in names {
+        let n = n.as_ref().trim();
+        let p = PollFailurePolicy::from_name(n)
+            .ok_or_else(|| format!("unknown policy {n:?}; known: {}", PollFailurePolicy::NAMES))?;
+        if out.contains(&p) {
+            return Err(format!("{n} is listed twice"));
+        }
+        out.push(p);
+    }
+    if out.is_empty() {
+        return Err("name at least one policy".into());
+    }
+    Ok(out)
 }
 
 /// The keys each step takes besides `do`.
@@ -267,6 +288,10 @@ impl Parser<'_> {
                 why: "needs a [traffic] section (the load it measures)".into(),
             });
         }
+        let compare = match &raw.compare {
+            None => None,
+            Some(c) => Some(self.compare(c)?),
+        };
         Ok(Scenario {
             name,
             description: raw.description.unwrap_or_default(),
@@ -275,6 +300,33 @@ impl Parser<'_> {
             vars,
             traffic,
             steps,
+            compare,
+        })
+    }
+
+    fn compare(&self, t: &Spanned<RawTable>) -> Result<CompareSpec, ScenarioError> {
+        let f = Fields {
+            p: self,
+            table: t.get_ref(),
+            span: t.span(),
+            prefix: "compare".into(),
+        };
+        f.only(&["policies", "during_ms", "after_ms"])?;
+        let policies = match f.strings("policies")? {
+            None => PollFailurePolicy::ALL.to_vec(),
+            Some(names) => parse_policies(&names).map_err(|why| f.wrong("policies", why))?,
+        };
+        let during = f.ms("during_ms")?.unwrap_or(2000);
+        let after = f.ms("after_ms")?.unwrap_or(3000);
+        for (k, v) in [("during_ms", during), ("after_ms", after)] {
+            if !(100..=600_000).contains(&v) {
+                return Err(f.wrong(k, format!("must be 100..=600000, not {v}")));
+            }
+        }
+        Ok(CompareSpec {
+            policies,
+            during: Duration::from_millis(during),
+            after: Duration::from_millis(after),
         })
     }
 
