@@ -546,3 +546,121 @@ fn a_daemon_that_exits_at_once_fails_the_step_saying_so() {
     );
     cleanup(d, &r);
 }
+
+#[test]
+fn the_alternative_poll_failure_policies_are_refused_without_allow_faults() {
+    for policy in ["skip", "retry", "recreate-cq"] {
+        // A device that does not exist: the refusal must come first, from the config.
+        let out = Command::new(env!("CARGO_BIN_EXE_uipoib"))
+            .args(["up", "--device", "nodev9", "--tap", "uipcli0"])
+            .args(["--addr", "198.18.9.1/24", "--poll-failure-policy", policy])
+            .output()
+            .expect("running uipoib");
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{policy}: {err}");
+        assert!(err.contains("poll-failure-policy"), "{err}");
+        assert!(err.contains("--allow-faults"), "{err}");
+        assert!(err.contains(policy), "{err}");
+        assert!(!err.contains("nodev9"), "refused before the device: {err}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_uipoib"))
+        .args(["up", "--device", "nodev9", "--tap", "uipcli0"])
+        .args(["--addr", "198.18.9.1/24", "--poll-failure-policy", "ignore"])
+        .arg("--allow-faults")
+        .output()
+        .expect("running uipoib");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("\"ignore\"") && err.contains("restart, skip, retry, recreate-cq"));
+}
+
+#[test]
+fn fault_compare_refuses_bad_use_and_a_daemon_already_there() {
+    let compare = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_uipoib"))
+            .args(["fault", "compare"])
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("config/compare/transient.toml"))
+            .args(args)
+            .output()
+            .expect("running uipoib")
+    };
+    for (args, want) in [
+        (
+            &[
+                "--tap",
+                "uipcli0",
+                "--policies",
+                "restart,nope",
+                "--",
+                "--device",
+                "x",
+            ][..],
+            "\"nope\"",
+        ),
+        (
+            &[
+                "--tap",
+                "uipcli0",
+                "--policies",
+                "skip,skip",
+                "--",
+                "--device",
+                "x",
+            ][..],
+            "twice",
+        ),
+        (
+            &["--tap", "uipcli0", "--", "--device", "x", "--allow-faults"][..],
+            "--allow-faults after `--`",
+        ),
+        (
+            &["--tap", "uipcli0", "--", "--device", "x", "--tap=y"][..],
+            "--tap after `--`",
+        ),
+    ] {
+        let out = compare(args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    // Something answers on the control socket already: the comparison starts daemons of
+    // its own and will not measure another one; each policy says so and it fails.
+    let (sock, _switch, _server) = serve("compare");
+    let logs = sock.parent().unwrap().join("logs");
+    let json = sock.parent().unwrap().join("compare.json");
+    let out = compare(&[
+        "--tap",
+        "uipcli0",
+        "--control",
+        sock.to_str().unwrap(),
+        "--policies",
+        "restart,retry",
+        "--logs",
+        logs.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+        "-q",
+        "--",
+        "--device",
+        "nodev9",
+        "--addr",
+        "198.18.9.1/24",
+    ]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("already answers"), "{stdout}");
+    assert!(stdout.contains("FAILED"), "{stdout}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["passed"], false);
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0]["policy"], "restart");
+    assert_eq!(runs[1]["policy"], "retry");
+    assert!(
+        runs[1]["error"]
+            .as_str()
+            .unwrap()
+            .contains("already answers")
+    );
+}

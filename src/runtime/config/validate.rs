@@ -359,9 +359,10 @@ impl Config {
             return Err(ConfigError::Invalid {
                 key: "poll-failure-policy",
                 why: format!(
-                    "{poll_failure} is a demonstration of what a failed poll does without a \
-                     restart (it leaves the interface wedged, busy or leaking) and is accepted \
-                     only with allow-faults (--allow-faults); restart is the policy for use"
+                    "{poll_failure} is one of the alternatives to a restart, kept to show what \
+                     they do to a live interface (README: \"Why a failed poll restarts the whole \
+                     interface\"); it is accepted only with allow-faults (--allow-faults); \
+                     restart is the policy for use"
                 ),
             });
         }
