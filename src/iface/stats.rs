@@ -329,6 +329,9 @@ counters! {
     poll_failures,
     /// `skip`: failed polls dropped, their CQ left unarmed.
     poll_failures_skipped,
+    /// Of those, polls that failed while their CQ was armed (the recheck right after
+    /// arming): an event brings such a CQ back, the others stay unpolled.
+    poll_failures_skipped_armed,
     /// `retry`: failed polls taken as empty and polled again.
     poll_retries,
     /// `recreate-cq`: CQs re-created under a kept QP.

@@ -112,6 +112,8 @@ pub struct PolicyRun {
     pub poll_retries: u64,
     /// `skip`: failed polls dropped.
     pub poll_failures_skipped: u64,
+    /// Of those, with their CQ armed (its next event brings it back).
+    pub poll_failures_skipped_armed: u64,
     /// `recreate-cq`: CQs re-created; of their predecessors, those the device kept.
     pub cq_recreated: u64,
     /// Old CQs the device would not destroy (the QP still used them).
@@ -289,13 +291,15 @@ fn cpu(s: &[Sample], from: u64, to: u64) -> Option<(f64, f64)> {
     Some((ticks as f64 * 1e3 / USER_HZ, dt as f64))
 }
 
-/// The first time after `since` at which packets moved both ways in two samples running.
+/// When packets started moving both ways again after `since`: the start of the first two
+/// sample intervals running in which both the received and the sent count grew (never
+/// before `since`; the resolution is the sampling interval).
 fn resumed(s: &[Sample], since: u64) -> Option<u64> {
-    let after: Vec<&Sample> = s.iter().filter(|x| x.unix_ms >= since).collect();
-    after.windows(3).find_map(|w| {
+    let start = s.iter().rposition(|x| x.unix_ms <= since).unwrap_or(0);
+    s.get(start..)?.windows(3).find_map(|w| {
         let moved =
             |a: &Sample, b: &Sample| b.rx_packets > a.rx_packets && b.tx_packets > a.tx_packets;
-        (moved(w[0], w[1]) && moved(w[1], w[2])).then_some(w[1].unix_ms)
+        (moved(&w[0], &w[1]) && moved(&w[1], &w[2])).then_some(w[0].unix_ms.max(since))
     })
 }
 
@@ -541,6 +545,7 @@ impl CompareOptions {
         row.poll_failures = stats.poll_failures;
         row.poll_retries = stats.poll_retries;
         row.poll_failures_skipped = stats.poll_failures_skipped;
+        row.poll_failures_skipped_armed = stats.poll_failures_skipped_armed;
         row.cq_recreated = stats.cq_recreated;
         row.cq_kept_in_use = stats.cq_kept_in_use;
         row.recv_never_complete = stats.recv_never_complete;
@@ -637,6 +642,17 @@ fn verdict(r: &PolicyRun) -> String {
     }
     if let Some(p) = r.cpu_pct {
         parts.push(format!("CPU {p:.0}% of one core during the fault"));
+    }
+    if r.poll_failures_skipped > 0 {
+        let armed = r.poll_failures_skipped_armed;
+        parts.push(format!(
+            "{} failed poll{} dropped, {armed} of them while the CQ was armed (its next event polls it again; an unarmed one is never polled again)",
+            r.poll_failures_skipped,
+            if r.poll_failures_skipped == 1 { "" } else { "s" },
+        ));
+    }
+    if r.poll_retries > 0 {
+        parts.push(format!("{} failed polls retried", r.poll_retries));
     }
     if r.cq_kept_in_use > 0 {
         parts.push(format!(
@@ -786,8 +802,10 @@ mod tests {
         // One stray packet each way is not a resumption; two samples running are.
         let mut v = vec![s(0, 1, 1, 0, 0), s(50, 2, 2, 0, 0), s(100, 2, 2, 0, 0)];
         v.extend((3..12).map(|i| s(i * 50, i, i, 0, 0)));
-        assert_eq!(resumed(&v, 0), Some(150));
-        assert_eq!(resumed(&v, 400), Some(450));
+        assert_eq!(resumed(&v, 0), Some(100));
+        // Moving all along: back at `since` itself (the interval it falls in counts).
+        assert_eq!(resumed(&v, 400), Some(400));
+        assert_eq!(resumed(&v, 420), Some(420));
     }
 
     #[test]

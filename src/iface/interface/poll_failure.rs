@@ -104,7 +104,12 @@ impl Interface {
             PollFailurePolicy::Skip => {
                 stats::add(&self.stats.poll_failures_skipped, 1);
                 self.parked[i] = true;
-                tracing::warn!(cq = ?cq, error = %e, policy = "skip", "poll failed: dropped; the CQ is not polled or re-armed until a completion event for it");
+                if self.armed[i] {
+                    // The poll that follows an arm (the missed-event recheck): the CQ's
+                    // next completion raises an event and brings it back.
+                    stats::add(&self.stats.poll_failures_skipped_armed, 1);
+                }
+                tracing::warn!(cq = ?cq, error = %e, policy = "skip", armed = self.armed[i], "poll failed: dropped; the CQ is not polled or re-armed until a completion event for it (none comes unless it was armed)");
                 Ok(0)
             }
             PollFailurePolicy::Retry => {
