@@ -24,11 +24,13 @@
 #                             `uipoib stats --json` (FILE or stdin), posted - completed -
 #                             flushed - reaped - outstanding per ring ("" without stats)
 #   daemon_up UIPOIB TAP ADDR TIMEOUT LOG [ARGS...]   `uipoib up ... ARGS` in the background ($daemon), until
-#                             TAP is UP with ADDR: records step "up" (or $UP_STEP)
+#                             TAP is UP with ADDR: records step "up" (or $UP_STEP); an exit
+#                             before that in uipoib-ROLE.rc (or $DAEMON_RC)
 #   exit_log_balanced LOG     the daemon's exit output says "ledger balanced" (every
 #                             interface, none "NOT balanced")
-#   daemon_stop LOG           SIGTERM: the daemon must exit 0 and its exit log say "ledger
-#                             balanced": records step "stop", its exit in uipoib-ROLE.rc
+#   daemon_stop LOG [STEP]    SIGTERM: the daemon must exit 0 and its exit log say "ledger
+#                             balanced": records step STEP ("stop"), its exit in
+#                             uipoib-ROLE.rc (or $DAEMON_RC)
 # Environment provided by the lab (lab/guest/stage2): LAB_ROLE LAB_SELF LAB_PEER LAB_OUT
 # LAB_IF LAB_RDMA_DEV.
 
@@ -129,8 +131,9 @@ ledger_residuals() {
 # daemon_up UIPOIB TAP ADDR TIMEOUT LOG [ARGS...]: sets $daemon (empty when it is not running).
 daemon_up() {
 	local bin=$1 tap=$2 addr=$3 timeout=$4 log=$5 rc end state='' step=${UP_STEP:-up}
+	local rcf=${DAEMON_RC:-$LAB_OUT/uipoib-$LAB_ROLE.rc}
 	daemon=
-	rm -f "$LAB_OUT/uipoib-$LAB_ROLE.rc"
+	rm -f "$rcf"
 	if [[ ! -x $bin ]]; then
 		failed "$step" "no uipoib binary at $bin ($(cat "$LAB_OUT/build.status" 2>/dev/null || echo 'not built'))"
 		return
@@ -143,7 +146,7 @@ daemon_up() {
 		if ! kill -0 "$daemon" 2>/dev/null; then
 			rc=0
 			wait "$daemon" || rc=$?
-			echo "$rc" >"$LAB_OUT/uipoib-$LAB_ROLE.rc"
+			echo "$rc" >"$rcf"
 			daemon=
 			state="daemon exited with $rc before $tap was up: $(tail -n 3 "$log" | sed 's/\x1b\[[0-9;]*m//g' | tr '\n' ' ')"
 			[[ -s $log ]] || state+="(no output)"
@@ -174,9 +177,9 @@ exit_log_balanced() {
 }
 
 daemon_stop() {
-	local log=$1 rc end
+	local log=$1 step=${2:-stop} rc end rcf=${DAEMON_RC:-$LAB_OUT/uipoib-$LAB_ROLE.rc}
 	if [[ -z ${daemon:-} ]]; then
-		failed stop "no running daemon"
+		failed "$step" "no running daemon"
 		return
 	fi
 	kill -TERM "$daemon" 2>/dev/null || true
@@ -185,18 +188,18 @@ daemon_stop() {
 	if kill -0 "$daemon" 2>/dev/null; then
 		kill -KILL "$daemon" 2>/dev/null || true
 		wait "$daemon" 2>/dev/null || true
-		echo killed >"$LAB_OUT/uipoib-$LAB_ROLE.rc"
-		failed stop "daemon still running 20s after SIGTERM; killed"
+		echo killed >"$rcf"
+		failed "$step" "daemon still running 20s after SIGTERM; killed"
 	else
 		rc=0
 		wait "$daemon" || rc=$?
-		echo "$rc" >"$LAB_OUT/uipoib-$LAB_ROLE.rc"
+		echo "$rc" >"$rcf"
 		if ((rc != 0)); then
-			failed stop "daemon exited $rc (after SIGTERM)"
+			failed "$step" "daemon exited $rc (after SIGTERM)"
 		elif ! exit_log_balanced "$log"; then
-			failed stop "daemon exited 0 but its exit log does not say 'ledger balanced': $(grep -m1 '^ledger' "$log" || echo 'no ledger line')"
+			failed "$step" "daemon exited 0 but its exit log does not say 'ledger balanced': $(grep -m1 '^ledger' "$log" || echo 'no ledger line')"
 		else
-			ok stop
+			ok "$step"
 		fi
 	fi
 	echo "--- daemon output (tail) ---"

@@ -1,6 +1,7 @@
 """The reports of scripts/lab: the end-to-end demo (and its test's assertions) and the
 hostile peer."""
 
+import glob
 import ipaddress
 import json
 import os
@@ -110,6 +111,60 @@ def nd_checks(d, gids):
     return ok, detail
 
 
+# The per-policy figures of a comparison the report keeps (the rest stays in compare-CASE.json).
+COMPARE_FIELDS = ("policy", "error", "resumed_ms", "restarts", "causes", "recv_never_complete", "send_never_complete",
+                  "completions_lost", "cpu_pct", "state", "ledger", "ledger_balanced", "exit", "verdict", "mbps")
+
+
+def compare_table(t):
+    """The table of a comparison's text (`uipoib fault compare`'s stdout): from the "policy"
+    header line to its PASSED or FAILED line (and the failures listed under FAILED), or None."""
+    lines = (t or "").splitlines()
+    start = next((i for i, x in enumerate(lines) if x.startswith("policy ")), None)
+    if start is None:
+        return None
+    for i in range(start, len(lines)):
+        if lines[i].startswith("PASSED"):
+            return lines[start:i + 1]
+        if lines[i].startswith("FAILED"):
+            end = i + 1
+            while end < len(lines) and lines[end].startswith("  "):
+                end += 1
+            return lines[start:end]
+    return None
+
+
+def compare_cases(out, env):
+    """The comparisons of the run: LAB_COMPARE from lab.env, else every compare-*.json there."""
+    cases = (env.get("LAB_COMPARE") or "").split()
+    if not cases:
+        cases = sorted(os.path.basename(f)[len("compare-"):-len(".json")] for f in glob.glob(os.path.join(out, "compare-*.json")))
+    return cases
+
+
+def read_compare(out, case):
+    """(what the report keeps of compare-CASE.json and .txt, why it is missing or None)."""
+    j, why = read_json(os.path.join(out, f"compare-{case}.json"))
+    table = compare_table(read(os.path.join(out, f"compare-{case}.txt")))
+    if not isinstance(j, dict) or not isinstance(j.get("runs"), list):
+        why = why or "not a comparison report (no runs)"
+        return {"status": f"no report: {why}", "table": table}, f"compare-{case}.json: {why}"
+    c = {
+        "status": "ok",
+        "scenario": j.get("scenario"),
+        "file": j.get("file"),
+        "passed": j.get("passed"),
+        "failures": j.get("failures") or [],
+        "elapsed_ms": j.get("elapsed_ms"),
+        "runs": {r.get("policy"): {k: r.get(k) for k in COMPARE_FIELDS} for r in j["runs"] if isinstance(r, dict)},
+        "table": table,
+    }
+    if table is None:
+        return c, f"compare-{case}.txt: " + ("missing" if read(os.path.join(out, f"compare-{case}.txt")) is None
+                                             else "no table (no 'policy' header, or no PASSED/FAILED line)")
+    return c, None
+
+
 def e2e(a):
     out = a.out
     env = read_env(os.path.join(out, "lab.env"))
@@ -131,7 +186,7 @@ def e2e(a):
     problems = []  # only fatal with --check
 
     # --- the guests themselves (the cause when everything is missing) ---
-    guests, why = guest_failures(out, a.vm_rc)
+    guests, why = guest_failures(out, a.vm_rc, env.get("LAB_TIMEOUT"))
     missing += why
 
     # --- uipoib up (the cause when everything through uip0 fails) ---
@@ -246,6 +301,20 @@ def e2e(a):
         rep["fault_run"] = {"status": f"no report: {why}"}
         missing.append(f"fault run report (fault-poll-error.json): {why}")
 
+    # --- the poll-failure policies compared (`uipoib fault compare --json`; its checks are its own) ---
+    rep["compare"] = {}
+    for case in compare_cases(out, env):
+        c, why = read_compare(out, case)
+        rep["compare"][case] = c
+        if why:
+            missing.append(f"comparison {case}: {why}")
+    rep["compare_daemon"] = {
+        "up_status": status_of(out, "a", "compareup"),
+        "stop_status": status_of(out, "a", "comparestop"),
+        "exit_code": text(os.path.join(out, "uipoib-a.compare.rc")),
+        "log_tail": tail(read(os.path.join(out, "uipoib-a.compare.log")), 15),
+    }
+
     # --- IPv6 through uipoib and the capture of what went on the wire ---
     v6 = {"ran": env.get("LAB_IPV6") == "1", "why": env.get("LAB_IPV6_WHY") or None,
           "optional": env.get("LAB_IPV6_OPTIONAL") == "1"}
@@ -270,7 +339,7 @@ def e2e(a):
 
     # --- steps and guests ---
     steps = ("ibsend", "eth0tcp", "up", "capture", "ping", "ping6", "ping6ll", "uiptcp", "uipudp", "uiptcp6", "uiptcp6ll",
-             "fault", "stats", "stop")
+             "fault", "stats", "stop", "compareup", "compare", "comparestop")
     rep["steps"] = {r: {s: status_of(out, r, s) for s in steps} for r in "ab"}
     rep["guests"] = guests
     for r in "ab":
@@ -379,6 +448,21 @@ def e2e(a):
     if v6["ran"]:
         L.append(f"  neighbour discovery: {'ok' if v6['nd']['ok'] else 'FAILED'}: {v6['nd']['detail']}")
     L.append("")
+    for case, c in rep["compare"].items():
+        verdict_ = "PASSED" if c.get("passed") is True else "FAILED" if c.get("passed") is False else c["status"]
+        secs = c["elapsed_ms"] / 1e3 if isinstance(c.get("elapsed_ms"), (int, float)) else None
+        L.append(f"poll-failure policies compared ({case}): {verdict_}"
+                 + (f" ({c['file']}, {fmt(secs, '.0f')} s)" if c.get("file") else ""))
+        if c.get("table"):
+            L.extend(("  " + x).rstrip() for x in c["table"])
+        else:
+            L.append(f"  no table in compare-{case}.txt")
+        L.append("")
+    if rep["compare"]:
+        cd = rep["compare_daemon"]
+        L.append(f"a's daemon for the comparisons: up {cd['up_status'] or '-'}; exit code after SIGTERM "
+                 f"{cd['exit_code'] or '-'} ({cd['stop_status'] or '-'})")
+        L.append("")
     rr = rep["ratios"]
     L.append(f"ratio uipoib TCP / ib_send_bw UD:  {fmt(rr['uipoib_tcp_over_ib_send_bw_ud'], '.3f')}")
     L.append(f"ratio uipoib TCP / eth0 TCP:       {fmt(rr['uipoib_tcp_over_eth0_tcp'], '.3f')}")
@@ -441,6 +525,34 @@ def e2e_assert(out, rep):
         check(bool(lines) and all(x == "ledger balanced" for x in lines),
               f"daemon {r}'s exit log says 'ledger balanced' (every interface)",
               "; ".join(lines) or f"no ledger line in uipoib-{r}.log")
+    for case, c in (rep.get("compare") or {}).items():
+        passed = c.get("passed")
+        check(passed is True, f"the comparison {case} ran and passed its checks",
+              "passed" if passed is True else "; ".join(c.get("failures") or []) or c.get("status"))
+        runs = c.get("runs") or {}
+        rs = runs.get("restart")
+        if rs is None:
+            check(False, f"{case}: restart recovered (running, traffic resumed, nothing never completes)",
+                  c.get("status") if c.get("status") != "ok" else "restart was not compared")
+        else:
+            never = (rs.get("recv_never_complete") or 0) + (rs.get("send_never_complete") or 0)
+            check(rs.get("error") is None and rs.get("state") == "running" and rs.get("resumed_ms") is not None and never == 0,
+                  f"{case}: restart recovered (running, traffic resumed, nothing never completes)",
+                  f"state {rs.get('state')}, "
+                  + (f"traffic back {rs['resumed_ms']:.0f} ms after the fault" if rs.get("resumed_ms") is not None
+                     else "traffic never resumed")
+                  + f", never complete {rs.get('recv_never_complete')}+{rs.get('send_never_complete')} (receive+send WRs)"
+                  + (f"; {rs['error']}" if rs.get("error") else ""))
+        if not runs:
+            check(False, f"{case}: every policy's ledger balanced", c.get("status") if c.get("status") != "ok" else "no policy ran")
+        for pol, r in runs.items():
+            check(r.get("ledger_balanced") is True, f"{case}: {pol}'s ledger balanced",
+                  r.get("ledger") or r.get("error") or "no ledger")
+    if rep.get("compare"):
+        for step, what in (("compareup", "a's daemon for the comparisons came up"),
+                           ("comparestop", "a's daemon for the comparisons exited 0 on SIGTERM with 'ledger balanced'")):
+            st = status_of(out, "a", step)
+            check(st == "ok", what, st or f"step {step} never ran")
     cap = rep.get("capture") or {}
     check(not cap.get("error") and cap.get("frames", 0) > 0 and not cap["not_infiniband"] and not cap["not_ipoib"]
           and cap.get("ipoib_header_seen"),
