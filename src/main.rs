@@ -408,7 +408,7 @@ fn scenario_run(a: &RunArgs) -> ExitCode {
 
 #[derive(Args)]
 #[command(after_help = "Faults (and the operations their triggers count):
-  poll-error        ibv_poll_cq returns a negative value [--ret]        (poll_cq calls)
+  poll-error        ibv_poll_cq returns a negative value [--ret] [--cq] [--lose N] (poll_cq calls)
   lost-completion   a completion is swallowed [--cq send|recv|any]      (completions)
   qp-error          the QP is moved to the error state [--event qp-fatal|none] (poll_cq calls)
   post-send-error   posting a send fails [--errno]                      (send WRs)
@@ -458,9 +458,21 @@ struct InjectArgs {
     /// corrupt-rx: bytes flipped per packet hit (default 1).
     #[arg(long)]
     bytes: Option<u32>,
-    /// lost-completion: which CQ's completions are lost: send (default), recv or any.
+    /// lost-completion: which CQ's completions are lost: send (default), recv or any;
+    /// poll-error: which CQ's polls fail (default any).
     #[arg(long)]
     cq: Option<String>,
+    /// poll-error: the failing poll consumes up to N completions and never returns them.
+    #[arg(long, value_name = "N")]
+    lose: Option<u64>,
+    /// Once it has fired, keep it armed for MS milliseconds, then spend it ("every poll
+    /// fails for 2 s": --every 1 --for-ms 2000).
+    #[arg(long, value_name = "MS")]
+    for_ms: Option<u64>,
+    /// Hit only the endpoint it first hits, until that endpoint restarts ("every poll
+    /// fails until the interface is restarted": --every 1 --until-restart).
+    #[arg(long)]
+    until_restart: bool,
 }
 
 impl InjectArgs {
@@ -490,6 +502,9 @@ impl InjectArgs {
         put("delay_ms", self.delay_ms.map(Into::into));
         put("bytes", self.bytes.map(Into::into));
         put("cq", self.cq.clone().map(Into::into));
+        put("lose", self.lose.map(Into::into));
+        put("for_ms", self.for_ms.map(Into::into));
+        put("until_restart", self.until_restart.then_some(true.into()));
         req
     }
 }

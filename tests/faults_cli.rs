@@ -49,7 +49,38 @@ fn serve(tag: &str) -> (PathBuf, Arc<FaultSwitch>, ControlServer) {
 #[test]
 fn inject_arms_what_the_flags_say() {
     let (path, switch, _srv) = serve("arm");
-    let cases: [(&[&str], FaultSpec); 6] = [
+    let cases: [(&[&str], FaultSpec); 8] = [
+        (
+            &[
+                "inject",
+                "poll-error",
+                "--every",
+                "1",
+                "--cq",
+                "recv",
+                "--lose",
+                "16",
+                "--for-ms",
+                "2000",
+            ],
+            FaultSpec {
+                window: Some(Duration::from_millis(2000)),
+                ..FaultSpec::new(Fault::PollError {
+                    ret: -5,
+                    lose: 16,
+                    cq: CqSel::Recv,
+                })
+                .trigger(Trigger::Every(1))
+            },
+        ),
+        (
+            &["inject", "poll-error", "--every", "1", "--until-restart"],
+            FaultSpec {
+                until_restart: true,
+                ..FaultSpec::new(Fault::poll_error(-5)).trigger(Trigger::Every(1))
+            },
+        ),
+        // Last of its kind: the one left armed (arming replaces a fault of the same kind).
         (
             &["inject", "poll-error", "--after", "1000", "--ret", "-22"],
             FaultSpec::new(Fault::poll_error(-22)).trigger(Trigger::After(1000)),
