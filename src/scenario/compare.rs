@@ -292,11 +292,12 @@ fn cpu(s: &[Sample], from: u64, to: u64) -> Option<(f64, f64)> {
 }
 
 /// When packets started moving both ways again after `since`: the start of the first two
-/// sample intervals running in which both the received and the sent count grew (never
-/// before `since`; the resolution is the sampling interval).
+/// sample intervals running, both after `since`, in which both the received and the sent
+/// count grew (so traffic before `since` never counts; the resolution is the sampling
+/// interval, 50 ms).
 fn resumed(s: &[Sample], since: u64) -> Option<u64> {
-    let start = s.iter().rposition(|x| x.unix_ms <= since).unwrap_or(0);
-    s.get(start..)?.windows(3).find_map(|w| {
+    let start = s.iter().position(|x| x.unix_ms >= since)?;
+    s[start..].windows(3).find_map(|w| {
         let moved =
             |a: &Sample, b: &Sample| b.rx_packets > a.rx_packets && b.tx_packets > a.tx_packets;
         (moved(&w[0], &w[1]) && moved(&w[1], &w[2])).then_some(w[0].unix_ms.max(since))
@@ -803,9 +804,15 @@ mod tests {
         let mut v = vec![s(0, 1, 1, 0, 0), s(50, 2, 2, 0, 0), s(100, 2, 2, 0, 0)];
         v.extend((3..12).map(|i| s(i * 50, i, i, 0, 0)));
         assert_eq!(resumed(&v, 0), Some(100));
-        // Moving all along: back at `since` itself (the interval it falls in counts).
+        // Moving all along: back at the first sample after `since`; the interval that
+        // holds `since` is not counted (it holds traffic from before it).
         assert_eq!(resumed(&v, 400), Some(400));
-        assert_eq!(resumed(&v, 420), Some(420));
+        assert_eq!(resumed(&v, 420), Some(450));
+        // Traffic only before `since`: never.
+        let stopped: Vec<Sample> = (0..20)
+            .map(|i| s(i * 50, i.min(5), i.min(5), 0, 0))
+            .collect();
+        assert_eq!(resumed(&stopped, 230), None);
     }
 
     #[test]
