@@ -40,6 +40,21 @@
 //! [`Expect`]). Every `inject`, `restart`, `storm`, `kill` and fault-naming `exec` opens
 //! a *fault record*; an `expect` checks the record opened last.
 //!
+//! ## Comparing the poll-failure policies
+//!
+//! `uipoib fault compare FILE --tap TAP -- UP_ARGS` plays the same file once per
+//! poll-failure policy, each time against a daemon it starts fresh (see
+//! [`CompareOptions`]). An optional table says which policies and the windows measured:
+//!
+//! ```toml
+//! [compare]
+//! policies = ["restart", "skip", "retry", "recreate-cq"]   # the default: all four
+//! during_ms = 2000            # the "during" window, from the fault's first hit
+//! after_ms = 3000             # the "after" window, ending with the steps
+//! ```
+//!
+//! The shipped ones are in `config/compare/`.
+//!
 //! ## Killing the daemon
 //!
 //! ```toml
