@@ -60,6 +60,72 @@ fn every_shipped_scenario_loads() {
 }
 
 #[test]
+fn the_shipped_comparisons_load_with_every_policy_and_a_poll_error_on_the_receive_cq() {
+    use crate::iface::PollFailurePolicy;
+    use crate::verbs::fault::{CqSel, Fault};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/compare");
+    let mut names = Vec::new();
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        let s = Scenario::load(&p, &BTreeMap::new()).unwrap_or_else(|e| panic!("{e}"));
+        let c = s.compare.as_ref().expect("a [compare] table");
+        assert_eq!(
+            c.policies,
+            PollFailurePolicy::ALL.to_vec(),
+            "{}",
+            p.display()
+        );
+        assert!(s.traffic.is_some(), "under load: {}", p.display());
+        let faults: Vec<_> = s
+            .steps
+            .iter()
+            .filter_map(|st| match &st.action {
+                Action::Inject { spec, .. } => Some(*spec),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(faults.len(), 1, "{}", p.display());
+        let Fault::PollError { cq, lose, .. } = faults[0].fault else {
+            panic!("{}: not a poll-error", p.display());
+        };
+        assert_eq!(cq, CqSel::Recv);
+        assert_eq!(lose > 0, s.name.ends_with("-lost"), "{}", p.display());
+        names.push(s.name);
+    }
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "persistent",
+            "persistent-lost",
+            "transient",
+            "transient-lost",
+            "unrecoverable"
+        ]
+    );
+}
+
+#[test]
+fn a_compare_table_names_what_is_wrong() {
+    let with = |table: &str| parse(&format!("{OK}\n[compare]\n{table}\n")).map(|s| s.compare);
+    let c = with("policies = [\"restart\", \"retry\"]\nduring_ms = 500")
+        .unwrap()
+        .unwrap();
+    assert_eq!(c.policies.len(), 2);
+    assert_eq!(c.during, Duration::from_millis(500));
+    assert_eq!(c.after, Duration::from_millis(3000));
+    for (bad, field) in [
+        ("policies = [\"restart\", \"reboot\"]", "compare.policies"),
+        ("policies = [\"skip\", \"skip\"]", "compare.policies"),
+        ("during_ms = 5", "compare.during_ms"),
+        ("typo = 1", "compare.typo"),
+    ] {
+        let e = with(bad).unwrap_err();
+        assert_eq!(e.field, field, "{bad}: {e}");
+    }
+}
+
+#[test]
 fn a_good_file_loads_with_its_variables_substituted() {
     let s = parse(OK).unwrap();
     assert_eq!(s.name, "t");
