@@ -153,7 +153,8 @@ pub enum Fault {
         /// Completions the failing poll consumes from the CQ and never returns (at most
         /// this many, up to what the CQ holds and the poll asked for): a CQ that fails on
         /// real hardware may have taken entries it does not give back, and nothing
-        /// flushes them.
+        /// flushes them. With `lose`, only polls that find completions count as the
+        /// fault's operations (an empty one has nothing to lose).
         lose: u32,
         /// Which CQ's polls fail.
         cq: CqSel,

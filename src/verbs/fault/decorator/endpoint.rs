@@ -85,8 +85,21 @@ impl FaultyEndpoint {
         let id = self.id();
         let sw = self.switch.clone();
         let mut hits: [Option<Hit>; 6] = [None; 6];
+        // A poll-error that loses completions (`lose`) can only hit a poll that finds
+        // some: it is decided after the inner poll, below.
+        let mut lossy: Option<u32> = None;
         {
             let mut st = lock(&sw.state);
+            if mask & bit(FaultKind::PollError) != 0
+                && let Some(Fault::PollError { cq: sel, lose, .. }) = st.armed
+                    [FaultKind::PollError.index()]
+                .as_ref()
+                .map(|a| a.spec.fault)
+                && sel.matches(cq)
+                && lose > 0
+            {
+                lossy = Some(lose);
+            }
             for (i, kind) in [
                 FaultKind::SlowPoll,
                 FaultKind::AsyncFatal,
@@ -110,6 +123,9 @@ impl FaultyEndpoint {
                     // Only the selected CQ's polls count.
                     continue;
                 }
+                if kind == FaultKind::PollError && lossy.is_some() {
+                    continue;
+                }
                 hits[i] = st.check(&sw.mask, kind, id, now);
             }
         }
@@ -126,17 +142,7 @@ impl FaultyEndpoint {
                         sw.inject_async(AsyncEvent::QpFatal);
                     }
                 }
-                Fault::PollError { ret, lose, .. } => {
-                    if lose > 0 {
-                        // The failing poll consumes entries it never returns.
-                        let want = out.len().min(lose as usize);
-                        let taken = self.inner.poll_cq(cq, &mut out[..want]).unwrap_or(0);
-                        for c in &out[..taken] {
-                            self.recv_slots.remove(&c.wr_id);
-                        }
-                        sw.completions_swallowed
-                            .fetch_add(taken as u64, Ordering::SeqCst);
-                    }
+                Fault::PollError { ret, .. } => {
                     self.failed = true;
                     sw.polls_failed.fetch_add(1, Ordering::SeqCst);
                     return Err(VerbsError::PollFailed { cq, ret });
@@ -148,7 +154,36 @@ impl FaultyEndpoint {
         if cq == CqKind::Send && self.shared.stalled.load(Ordering::Relaxed) {
             return Ok(0);
         }
-        let mut n = self.inner.poll_cq(cq, out)?;
+        let mut n = match lossy {
+            None => self.inner.poll_cq(cq, out)?,
+            Some(lose) => {
+                // At most `lose` taken; an empty poll has nothing to lose and is not one
+                // the fault counts.
+                let want = out.len().min(lose as usize);
+                let n = self.inner.poll_cq(cq, &mut out[..want])?;
+                if n == 0 {
+                    return Ok(0);
+                }
+                let hit = lock(&sw.state).check(&sw.mask, FaultKind::PollError, id, now);
+                if let Some(Hit {
+                    fault: Fault::PollError { ret, .. },
+                    ..
+                }) = hit
+                {
+                    // The failing poll consumed them and returns none: their work
+                    // requests will never complete.
+                    for c in &out[..n] {
+                        self.recv_slots.remove(&c.wr_id);
+                    }
+                    sw.completions_swallowed
+                        .fetch_add(n as u64, Ordering::SeqCst);
+                    self.failed = true;
+                    sw.polls_failed.fetch_add(1, Ordering::SeqCst);
+                    return Err(VerbsError::PollFailed { cq, ret });
+                }
+                n
+            }
+        };
         let per_completion = mask & (bit(FaultKind::LostCompletion) | bit(FaultKind::CorruptRx));
         if n == 0 || per_completion == 0 {
             return Ok(n);
