@@ -132,12 +132,22 @@ impl Runner {
                 .unwrap_or(0)
                 .saturating_sub(r.injected0);
             if r.armed {
-                rep.injected_unix_ms = f["recent"].as_array().and_then(|a| {
+                // The first hit of this arming: the switch keeps it per kind (the list of
+                // recent hits moves on when a fault hits more than it holds); the oldest
+                // recent hit after the arming stands in for a daemon that does not say.
+                let first = f["first_hit_unix_ms"][rep.fault.as_str()]
+                    .as_u64()
+                    .filter(|t| *t + 1000 >= r.opened_ms);
+                let recent = f["recent"].as_array().and_then(|a| {
                     a.iter()
                         .filter(|i| i["seq"].as_u64().is_some_and(|s| s > r.seq0))
                         .filter_map(|i| i["unix_ms"].as_u64())
                         .min()
                 });
+                rep.injected_unix_ms = match (rep.injected_unix_ms, first.or(recent)) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
             }
         }
         if !r.armed {

@@ -30,6 +30,10 @@ fn faults_report(faults: &FaultSwitch) -> Value {
         .map(|k| (k.name().to_string(), faults.fired(*k).into()))
         .collect();
     let recent = faults.recent_injections(FAULTS_LISTED);
+    let first: Map<String, Value> = FaultKind::ALL
+        .iter()
+        .map(|k| (k.name().to_string(), faults.first_hit_unix_ms(*k).into()))
+        .collect();
     json!({
         "ok": true,
         "armed": faults.armed().iter().map(FaultSpec::to_json).collect::<Vec<_>>(),
@@ -39,6 +43,7 @@ fn faults_report(faults: &FaultSwitch) -> Value {
         "polls_failed": faults.polls_failed(),
         "polls_after_failure": faults.polls_after_failure(),
         "completions_swallowed": faults.completions_swallowed(),
+        "first_hit_unix_ms": first,
         "recent": recent,
     })
 }

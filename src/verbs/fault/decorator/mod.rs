@@ -131,6 +131,9 @@ struct State {
     fired: [u64; FaultKind::ALL.len()],
     log: VecDeque<Injection>,
     seq: u64,
+    /// Per kind: when the fault armed last hit first (ms since the Unix epoch), kept
+    /// after it is spent (the log may have moved past it).
+    first_hit_ms: [Option<u64>; FaultKind::ALL.len()],
     /// Live endpoints with stalled sends.
     stalled: u32,
 }
@@ -238,6 +241,8 @@ impl State {
     fn record(&mut self, kind: FaultKind, endpoint: Option<u64>, op: u64) {
         self.seq += 1;
         self.fired[kind.index()] += 1;
+        let now_ms = unix_ms();
+        self.first_hit_ms[kind.index()].get_or_insert(now_ms);
         if self.log.len() == LOG_LEN {
             self.log.pop_front();
         }
@@ -246,7 +251,7 @@ impl State {
             kind,
             endpoint,
             op,
-            unix_ms: unix_ms(),
+            unix_ms: now_ms,
         });
     }
 }
@@ -260,6 +265,7 @@ impl FaultSwitch {
     /// kind watches.
     pub fn arm(&self, spec: FaultSpec) {
         let kind = spec.kind();
+        lock(&self.state).first_hit_ms[kind.index()] = None;
         if spec.trigger == Trigger::Now {
             let n = spec.limit.unwrap_or(1).min(MAX_IMMEDIATE);
             match spec.fault {
@@ -456,6 +462,12 @@ impl FaultSwitch {
     /// Hits so far of one kind.
     pub fn fired(&self, kind: FaultKind) -> u64 {
         lock(&self.state).fired[kind.index()]
+    }
+
+    /// When the fault of `kind` armed last first hit (ms since the Unix epoch), even
+    /// after it is spent and the log has moved on; `None` before its first hit.
+    pub fn first_hit_unix_ms(&self, kind: FaultKind) -> Option<u64> {
+        lock(&self.state).first_hit_ms[kind.index()]
     }
 
     /// The recorded hits, oldest first (the last [`LOG_LEN`]).

@@ -403,3 +403,50 @@ fn clear_disarms_everything() {
     r.switch.disarm(FaultKind::CorruptRx);
     assert_eq!(r.switch.mask.load(Ordering::Relaxed), 0);
 }
+
+#[test]
+fn a_lossy_poll_error_swallows_what_the_failing_poll_found_and_only_hits_a_poll_that_finds_some() {
+    let mut r = rig();
+    r.switch.arm(FaultSpec::new(Fault::PollError {
+        ret: -5,
+        lose: 2,
+        cq: CqSel::Send,
+    }));
+    let mut out = [Completion::EMPTY; 4];
+    // The receive CQ is not selected; an empty send poll has nothing to lose.
+    assert_eq!(r.a.poll_cq(CqKind::Recv, &mut out).unwrap(), 0);
+    assert_eq!(r.a.poll_cq(CqKind::Send, &mut out).unwrap(), 0);
+    assert_eq!(r.switch.polls_failed(), 0);
+    r.a_sends(1, 3).unwrap();
+    // The next send poll finds completions: it fails and takes two of them with it.
+    assert!(matches!(
+        r.a.poll_cq(CqKind::Send, &mut out),
+        Err(VerbsError::PollFailed { ret: -5, .. })
+    ));
+    assert_eq!(r.switch.completions_swallowed(), 2);
+    assert!(r.switch.first_hit_unix_ms(FaultKind::PollError).is_some());
+    // Spent; the third completion is still there.
+    assert_eq!(ids(&poll(&mut *r.a, CqKind::Send)), vec![3]);
+}
+
+#[test]
+fn the_first_hit_is_kept_after_the_log_has_moved_on() {
+    let mut r = rig();
+    r.switch
+        .arm(FaultSpec::new(Fault::poll_error(-5)).trigger(Trigger::Every(1)));
+    let mut out = [Completion::EMPTY; 4];
+    let _ = r.a.poll_cq(CqKind::Recv, &mut out);
+    let first = r.switch.first_hit_unix_ms(FaultKind::PollError).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    for _ in 0..200 {
+        let _ = r.a.poll_cq(CqKind::Recv, &mut out);
+    }
+    assert_eq!(
+        r.switch.first_hit_unix_ms(FaultKind::PollError),
+        Some(first)
+    );
+    assert!(r.switch.recent_injections(100)[0].unix_ms > first);
+    // A new arming starts afresh.
+    r.switch.arm(FaultSpec::new(Fault::poll_error(-5)));
+    assert_eq!(r.switch.first_hit_unix_ms(FaultKind::PollError), None);
+}
