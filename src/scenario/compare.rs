@@ -574,7 +574,8 @@ impl CompareOptions {
                 res.recv, res.send
             )
         };
-        let end = report.started_unix_ms + report.elapsed_ms;
+        // The steps' end: after it the load stops and the faults are cleared.
+        let end = report.steps_ended_unix_ms;
         let Some(inj) = row.injected_unix_ms else {
             row.error
                 .get_or_insert_with(|| "the fault never fired".into());
@@ -720,7 +721,7 @@ impl CompareReport {
             "never-compl",
             "lost",
             "CPU",
-            "rx ring",
+            "rx usable",
             "state",
         );
         for r in &self.runs {
@@ -753,7 +754,11 @@ impl CompareReport {
                     (Some(ms), Some(p)) => format!("{ms:.0}ms {p:.0}%"),
                     _ => "-".into(),
                 },
-                format!("{}/{}", r.recv_outstanding, r.recv_ring),
+                format!(
+                    "{}/{}",
+                    r.recv_ring.saturating_sub(r.recv_never_complete),
+                    r.recv_ring
+                ),
                 r.state,
                 if r.ledger_balanced {
                     "balanced"
@@ -768,7 +773,7 @@ impl CompareReport {
         }
         let _ = writeln!(
             t,
-            "  never-compl: receive+send WRs whose completion will never be seen; lost: completions the failing polls swallowed; CPU: the daemon's, in the {} ms from the fault; recovery (restart) {}",
+            "  never-compl: receive+send WRs whose completion will never be seen; lost: completions the failing polls swallowed; CPU: the daemon's, in the {} ms from the fault; rx usable: receive slots that can still complete, of the ring; recovery (restart, the slowest, backoff included) {}",
             self.during_ms,
             self.runs
                 .iter()

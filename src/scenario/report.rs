@@ -227,6 +227,9 @@ pub struct Report {
     pub started_unix_ms: u64,
     /// How long it took.
     pub elapsed_ms: u64,
+    /// When the last step ended (ms since the Unix epoch), before the load was stopped
+    /// and the faults cleared.
+    pub steps_ended_unix_ms: u64,
     /// Repetitions of the steps.
     pub repeat: u64,
     /// The variables used.

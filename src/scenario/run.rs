@@ -412,6 +412,7 @@ impl Runner {
         }
 
         // The end: close the last fault, stop the load, then check the daemon at rest.
+        report.steps_ended_unix_ms = unix_ms();
         let mut traffic = None;
         if let Some(l) = load.take() {
             let iv = l.intervals.clone();
