@@ -161,7 +161,7 @@ enum FaultCmd {
 #[derive(Args)]
 #[command(
     after_help = "Example (in the rxe lab, guest b, guest a serving iperf3):
-  uipoib fault compare config/faults/compare-transient.toml --tap uip0 \
+  uipoib fault compare config/compare/transient.toml --tap uip0 \
       --var peer=198.18.1.1 --json compare.json -- --device rxe0 --addr 198.18.1.2/24"
 )]
 struct CompareArgs {
@@ -245,6 +245,34 @@ fn scenario_compare(a: &CompareArgs) -> ExitCode {
         .control
         .clone()
         .unwrap_or_else(|| uipoib::runtime::config::default_control_path(&a.tap));
+    // A config file among the daemon's arguments must not move the control socket away
+    // from where the comparison looks for it.
+    let mut args = a.up_args.iter();
+    while let Some(arg) = args.next() {
+        let s = arg.to_string_lossy();
+        let file = match s.strip_prefix("--config=") {
+            Some(f) => Some(PathBuf::from(f)),
+            None if s == "--config" => args.next().map(PathBuf::from),
+            None => None,
+        };
+        if let Some(f) = file {
+            match ConfigKeys::load(&f) {
+                Ok(k) => {
+                    if let Some(c) = k.control
+                        && c != control
+                    {
+                        return usage(format!(
+                            "{} sets control = {:?}: give --control {} to the comparison (before `--`) so that it finds the daemons",
+                            f.display(),
+                            c.display(),
+                            c.display()
+                        ));
+                    }
+                }
+                Err(e) => return usage(e.to_string()),
+            }
+        }
+    }
     let opts = uipoib::scenario::CompareOptions {
         scenario,
         policies,
@@ -466,11 +494,13 @@ struct InjectArgs {
     #[arg(long, value_name = "N")]
     lose: Option<u64>,
     /// Once it has fired, keep it armed for MS milliseconds, then spend it ("every poll
-    /// fails for 2 s": --every 1 --for-ms 2000).
+    /// fails for 2 s": --every 1 --for-ms 2000; without --count it fires until then).
     #[arg(long, value_name = "MS")]
     for_ms: Option<u64>,
     /// Hit only the endpoint it first hits, until that endpoint restarts ("every poll
-    /// fails until the interface is restarted": --every 1 --until-restart).
+    /// fails until the interface is restarted": --every 1 --until-restart; without
+    /// --count it fires until then; `fault show` lists it until the next poll after the
+    /// restart finds it spent).
     #[arg(long)]
     until_restart: bool,
 }

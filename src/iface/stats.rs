@@ -340,7 +340,8 @@ counters! {
     /// them (kept, unpolled, until the QP goes).
     cq_kept_in_use,
     /// Receive WRs outstanding whose completion will never be seen now: behind a later
-    /// one that completed, or on a CQ nothing polls (0 under `restart`).
+    /// one that completed, or on a CQ nothing polls (0 after a failed poll under
+    /// `restart`, which reaps them).
     recv_never_complete,
     /// Send WRs likewise.
     send_never_complete,

@@ -19,8 +19,8 @@
 //! - the work requests that will never complete (the daemon's `recv_never_complete` and
 //!   `send_never_complete`: outstanding behind a later completion, or on a CQ nothing
 //!   polls) and the completions the failing polls swallowed (the fault switch's count);
-//! - the CPU time the daemon used in the `during` window (its poller is the only thread
-//!   that runs then);
+//! - the CPU time the daemon used in the `during` window (the whole process: the poller,
+//!   and the control thread answering the samplers);
 //! - the state, restarts and causes, and the ledger: posted = completed + flushed +
 //!   reaped + outstanding, per ring, in the last reading.
 //!
@@ -31,6 +31,7 @@
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::fs::File;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -148,6 +149,10 @@ pub struct PolicyRun {
     pub ledger_balanced: bool,
     /// Exit status after SIGTERM (`None`: killed, or not started).
     pub exit: Option<i32>,
+    /// The signal that ended it, when one did.
+    pub exit_signal: Option<i32>,
+    /// It had not exited `STOP_TIMEOUT` after SIGTERM and was killed.
+    pub stop_timed_out: bool,
     /// SIGTERM to exit (ms).
     pub exit_ms: Option<f64>,
     /// What the row shows, in one line.
@@ -337,7 +342,16 @@ impl CompareOptions {
             self.say(&format!("policy {p}: starting a fresh daemon"));
             let run = self.one(p, &spec);
             self.say(&format!("policy {p}: {}", run.verdict));
+            // A daemon that refused its arguments (exit 2) refuses them under every
+            // policy: the others are not tried.
+            let refused = run.pid.is_some() && run.run.is_none() && run.exit == Some(2);
             rep.runs.push(run);
+            if refused {
+                rep.failures.push(format!(
+                    "the daemon refused its arguments (exit 2); the policies after {p} were not run"
+                ));
+                break;
+            }
         }
         for r in &rep.runs {
             if let Some(e) = &r.error {
@@ -350,11 +364,16 @@ impl CompareOptions {
                     r.policy, r.ledger
                 ));
             }
-            if r.exit.is_none() {
+            if r.stop_timed_out {
                 rep.failures.push(format!(
-                    "{}: the daemon did not exit within {} s of SIGTERM",
+                    "{}: the daemon did not exit within {} s of SIGTERM (killed)",
                     r.policy,
                     STOP_TIMEOUT.as_secs()
+                ));
+            } else if let Some(sig) = r.exit_signal {
+                rep.failures.push(format!(
+                    "{}: the daemon was ended by signal {sig}",
+                    r.policy
                 ));
             }
             if r.policy == PollFailurePolicy::Restart.name() && !r.recovered() {
@@ -513,12 +532,19 @@ impl CompareOptions {
 
     fn stop(&self, child: &mut Child, row: &mut PolicyRun) {
         let t = Instant::now();
+        if let Ok(Some(st)) = child.try_wait() {
+            // Exited (and reaped) already: its pid may be someone else's by now.
+            row.exit = st.code();
+            row.exit_signal = st.signal();
+            return;
+        }
         if let Err(e) = sys::kill_process(child.id(), libc::SIGTERM) {
             tracing::debug!(error = %e, "SIGTERM to the daemon");
         }
         while t.elapsed() < STOP_TIMEOUT {
             if let Ok(Some(st)) = child.try_wait() {
                 row.exit = st.code();
+                row.exit_signal = st.signal();
                 row.exit_ms = Some(t.elapsed().as_secs_f64() * 1e3);
                 return;
             }
@@ -526,6 +552,7 @@ impl CompareOptions {
         }
         let _ = child.kill();
         let _ = child.wait();
+        row.stop_timed_out = true;
     }
 
     fn measure(
@@ -612,6 +639,22 @@ impl CompareOptions {
     }
 }
 
+/// `a, a, a, b` as `a ×3, b`.
+fn runs_of(causes: &[String]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < causes.len() {
+        let n = causes[i..].iter().take_while(|c| **c == causes[i]).count();
+        out.push(if n == 1 {
+            causes[i].clone()
+        } else {
+            format!("{} ×{n}", causes[i])
+        });
+        i += n;
+    }
+    out.join(", ")
+}
+
 /// What a row shows, in words, from its numbers.
 fn verdict(r: &PolicyRun) -> String {
     let mut parts: Vec<String> = Vec::new();
@@ -620,7 +663,7 @@ fn verdict(r: &PolicyRun) -> String {
             "{} restart{} ({})",
             r.restarts,
             if r.restarts == 1 { "" } else { "s" },
-            r.causes.join(", ")
+            runs_of(&r.causes)
         )
     } else {
         "no restart".into()
@@ -839,6 +882,17 @@ mod tests {
         assert_eq!((ms, over), (500.0, 1000.0));
         // Too short a window says nothing.
         assert_eq!(rate(&v, 1000, 1100), None);
+    }
+
+    #[test]
+    fn causes_in_runs() {
+        let c = |v: &[&str]| runs_of(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(c(&[]), "");
+        assert_eq!(c(&["poll-failed"; 9]), "poll-failed ×9");
+        assert_eq!(
+            c(&["poll-failed", "poll-failed", "tx-stall", "poll-failed"]),
+            "poll-failed ×2, tx-stall, poll-failed"
+        );
     }
 
     #[test]

@@ -95,6 +95,10 @@ impl Interface {
     /// interface over; `Ok(0)` carries on as if the poll had found nothing.
     pub(super) fn on_poll_failure(&mut self, cq: CqKind, e: VerbsError) -> Result<usize, Failure> {
         stats::add(&self.stats.poll_failures, 1);
+        // A failure that repeats is logged at the 1st, 2nd, 4th, 8th, ... time (the
+        // counters have every one).
+        let n = stats::get(&self.stats.poll_failures);
+        let say = n.is_power_of_two();
         let i = cq_index(cq);
         match self.poll_failure {
             PollFailurePolicy::Restart => {
@@ -109,11 +113,16 @@ impl Interface {
                     // next completion raises an event and brings it back.
                     stats::add(&self.stats.poll_failures_skipped_armed, 1);
                 }
-                tracing::warn!(cq = ?cq, error = %e, policy = "skip", armed = self.armed[i], "poll failed: dropped; the CQ is not polled or re-armed until a completion event for it (none comes unless it was armed)");
+                if say {
+                    tracing::warn!(cq = ?cq, error = %e, policy = "skip", armed = self.armed[i], failures = n, "poll failed: dropped; the CQ is not polled or re-armed until a completion event for it (none comes unless it was armed)");
+                }
                 Ok(0)
             }
             PollFailurePolicy::Retry => {
                 stats::add(&self.stats.poll_retries, 1);
+                if say {
+                    tracing::warn!(cq = ?cq, error = %e, policy = "retry", failures = n, "poll failed: taken as empty, polled again at once");
+                }
                 self.retry_due = true;
                 Ok(0)
             }
@@ -124,7 +133,9 @@ impl Interface {
                         stats::add(&self.stats.cq_kept_in_use, 1);
                     }
                     self.stranded[i] |= r.qp_bound_elsewhere;
-                    tracing::warn!(cq = ?cq, error = %e, policy = "recreate-cq", old_destroyed = r.old_destroyed, refusal = r.refusal.as_deref().unwrap_or(""), "poll failed: CQ re-created, QP kept");
+                    if say {
+                        tracing::warn!(cq = ?cq, error = %e, policy = "recreate-cq", old_destroyed = r.old_destroyed, refusal = r.refusal.as_deref().unwrap_or(""), failures = n, "poll failed: CQ re-created, QP kept");
+                    }
                     Ok(0)
                 }
                 Err(e2) => {
@@ -175,8 +186,11 @@ impl Interface {
     /// those still outstanding behind a later one that completed (a queue completes in
     /// order, so the earlier one's completion was lost), and every outstanding one of a
     /// ring whose completions go where nothing polls (a CQ `skip` left unarmed, or the
-    /// QP's own CQ after `recreate-cq`). Under `restart` both are 0 at every instant a
-    /// poller runs.
+    /// QP's own CQ after `recreate-cq`). After a failed poll under `restart` both are 0
+    /// (the restart reaped everything); a lost completion without a failed poll (the
+    /// `lost-completion` fault) shows here under every policy until a restart. A CQ that
+    /// `skip` left while it was armed is taken to come back at its next completion,
+    /// which holds while completions can still arrive.
     pub fn never_completing(&self) -> [u64; 2] {
         let mut out = [0; 2];
         for (i, ring) in [(0, Ring::Recv), (1, Ring::Send)] {

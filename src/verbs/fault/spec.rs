@@ -460,6 +460,11 @@ impl FaultSpec {
         }
 
         match m.get("count") {
+            // A window or a QP to stay with means nothing to a fault that fires once:
+            // without a count, they make it fire until they end it.
+            None | Some(Value::Null) if spec.window.is_some() || spec.until_restart => {
+                spec = spec.unlimited()
+            }
             None | Some(Value::Null) => {}
             Some(Value::String(s)) if s == "unlimited" => spec = spec.unlimited(),
             Some(v) => match v.as_u64() {
@@ -1022,6 +1027,13 @@ mod tests {
         );
         let s = parse(json!({"fault": "poll-error", "every": 1, "until_restart": true})).unwrap();
         assert!(s.until_restart && s.window.is_none());
+        // Without a count, a one-shot trigger fires until the window or the QP ends it.
+        let s = parse(json!({"fault": "poll-error", "after": 50, "for_ms": 2000})).unwrap();
+        assert_eq!(s.limit, None);
+        let s =
+            parse(json!({"fault": "poll-error", "after": 50, "until_restart": true, "count": 3}))
+                .unwrap();
+        assert_eq!(s.limit, Some(3));
         for (bad, field) in [
             (json!({"fault": "poll-error", "lose": 5000}), "lose"),
             (json!({"fault": "poll-error", "lose": -1}), "lose"),

@@ -92,7 +92,13 @@ impl RdmaEndpoint {
             self.recv_cq.as_ptr().cast(),
             self.send_cq.as_ptr().cast(),
         ];
-        let owner = if live.contains(&element) {
+        // A CQ `recreate_cq` replaced but could not destroy is still the live QP's: its
+        // errors are the live QP's.
+        let abandoned = self
+            .abandoned
+            .iter()
+            .any(|(_, cq)| cq.as_ptr().cast::<c_void>() == element);
+        let owner = if live.contains(&element) || abandoned {
             Owner::Live
         } else if self.retired.any(|r| r.owns(element)) {
             Owner::Retired

@@ -240,11 +240,15 @@ impl RdmaEndpoint {
         let refusal = match old.try_close() {
             Ok(()) => None,
             Err(errno) => {
-                let why = format!(
-                    "ibv_destroy_cq: {} (QP {} still uses it)",
-                    io::Error::from_raw_os_error(errno),
-                    self.attrs.qpn
-                );
+                let why = if errno == libc::EBUSY {
+                    format!(
+                        "ibv_destroy_cq: {} (QP {} still uses it)",
+                        io::Error::from_raw_os_error(errno),
+                        self.attrs.qpn
+                    )
+                } else {
+                    format!("ibv_destroy_cq: {}", io::Error::from_raw_os_error(errno))
+                };
                 self.abandoned.push((kind, old));
                 Some(why)
             }
