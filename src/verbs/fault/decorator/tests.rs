@@ -427,6 +427,18 @@ fn a_lossy_poll_error_swallows_what_the_failing_poll_found_and_only_hits_a_poll_
     assert!(r.switch.first_hit_unix_ms(FaultKind::PollError).is_some());
     // Spent; the third completion is still there.
     assert_eq!(ids(&poll(&mut *r.a, CqKind::Send)), vec![3]);
+    // Armed but not hitting yet (after 1), a poll still gets all it asked for.
+    r.switch.arm(
+        FaultSpec::new(Fault::PollError {
+            ret: -5,
+            lose: 2,
+            cq: CqSel::Send,
+        })
+        .trigger(Trigger::After(1)),
+    );
+    r.a_sends(4, 3).unwrap();
+    assert_eq!(ids(&poll(&mut *r.a, CqKind::Send)), vec![4, 5, 6]);
+    assert_eq!(r.switch.polls_failed(), 1);
 }
 
 #[test]
