@@ -286,25 +286,13 @@ fn scenario_compare(a: &CompareArgs) -> ExitCode {
         quiet: a.quiet,
     };
     let report = opts.run();
-    print!("{}", report.to_text());
-    if let Some(p) = &a.json {
-        let text = match serde_json::to_string_pretty(&report) {
-            Ok(t) => t,
-            Err(e) => {
-                eprintln!("uipoib: the comparison as JSON: {e}");
-                return ExitCode::from(1);
-            }
-        };
-        if let Err(e) = std::fs::write(p, text + "\n") {
-            eprintln!("uipoib: writing {}: {e}", p.display());
-            return ExitCode::from(1);
-        }
-    }
-    if report.passed {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    }
+    finish(
+        &report.to_text(),
+        a.json.as_deref(),
+        &report,
+        "the comparison",
+        report.passed,
+    )
 }
 
 #[derive(Args)]
@@ -383,6 +371,36 @@ fn scenario_check(a: &CheckArgs) -> ExitCode {
     }
 }
 
+/// Print a run's table, write it as JSON to `json` when given (a failure is printed,
+/// naming `what`), and exit 0 only if it `passed` and was written.
+fn finish(
+    table: &str,
+    json: Option<&std::path::Path>,
+    value: &impl serde::Serialize,
+    what: &str,
+    passed: bool,
+) -> ExitCode {
+    print!("{table}");
+    if let Some(path) = json {
+        let text = match serde_json::to_string_pretty(value) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("uipoib: {what} as JSON: {e}");
+                return ExitCode::from(1);
+            }
+        };
+        if let Err(e) = std::fs::write(path, text + "\n") {
+            eprintln!("uipoib: writing {}: {e}", path.display());
+            return ExitCode::from(1);
+        }
+    }
+    if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
 fn scenario_run(a: &RunArgs) -> ExitCode {
     let vars = match parse_vars(&a.vars) {
         Ok(v) => v,
@@ -413,25 +431,13 @@ fn scenario_run(a: &RunArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    print!("{}", report.to_text());
-    if let Some(p) = &a.json {
-        let text = match serde_json::to_string_pretty(&report) {
-            Ok(t) => t,
-            Err(e) => {
-                eprintln!("uipoib: the report as JSON: {e}");
-                return ExitCode::from(1);
-            }
-        };
-        if let Err(e) = std::fs::write(p, text + "\n") {
-            eprintln!("uipoib: writing {}: {e}", p.display());
-            return ExitCode::from(1);
-        }
-    }
-    if report.passed {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    }
+    finish(
+        &report.to_text(),
+        a.json.as_deref(),
+        &report,
+        "the report",
+        report.passed,
+    )
 }
 
 #[derive(Args)]

@@ -35,12 +35,7 @@ use uipoib::wire::{ETHERTYPE_ARP, ETHERTYPE_IPV4};
 
 /// Restart policy for these tests: no breaker trips, short backoff.
 fn policy() -> Policy {
-    Policy {
-        max_restarts: 100,
-        backoff_initial: Duration::from_millis(1),
-        backoff_max: Duration::from_millis(5),
-        ..Policy::default()
-    }
+    common::sup::quick_policy()
 }
 
 /// From detection to running again, for a restart whose flushes all arrive (a teardown

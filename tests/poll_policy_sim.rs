@@ -24,13 +24,9 @@ use uipoib::iface::recovery::Policy;
 use uipoib::iface::stats::{self, Snapshot};
 use uipoib::verbs::fault::{CqSel, Fault, FaultKind, FaultSpec, Trigger};
 
+/// Restart policy for these tests: no breaker trips, short backoff.
 fn policy() -> Policy {
-    Policy {
-        max_restarts: 100,
-        backoff_initial: Duration::from_millis(1),
-        backoff_max: Duration::from_millis(5),
-        ..Policy::default()
-    }
+    common::sup::quick_policy()
 }
 
 /// A failed poll of A's receive CQ.

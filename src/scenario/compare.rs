@@ -513,7 +513,7 @@ impl CompareOptions {
             if let Ok(Some(st)) = child.try_wait() {
                 return Err(format!(
                     "the daemon ({policy}) exited with {st} before it was running: {}",
-                    log_tail(log)
+                    kill::tail(log)
                 ));
             }
             match kill::answering(&self.control) {
@@ -526,7 +526,7 @@ impl CompareOptions {
         Err(format!(
             "the daemon ({policy}) was not running within {} s ({last}): {}",
             self.start_timeout.as_secs(),
-            log_tail(log)
+            kill::tail(log)
         ))
     }
 
@@ -719,18 +719,6 @@ fn verdict(r: &PolicyRun) -> String {
         parts.push(format!("ledger {}", r.ledger));
     }
     parts.join("; ")
-}
-
-/// The last lines of a log, for an error message.
-fn log_tail(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().rev().take(3).collect();
-    let t: Vec<&str> = lines.into_iter().rev().collect();
-    if t.is_empty() {
-        "no output".into()
-    } else {
-        t.join(" | ")
-    }
 }
 
 fn opt(v: Option<f64>, unit: &str) -> String {

@@ -139,7 +139,7 @@ pub fn start_again(p: &Process, log: &Path) -> io::Result<Child> {
 }
 
 /// The last lines of a log, for an error message.
-fn tail(log: &Path) -> String {
+pub(super) fn tail(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = text.lines().rev().take(3).collect();
     let t: Vec<&str> = lines.into_iter().rev().collect();

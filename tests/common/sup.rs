@@ -158,7 +158,18 @@ pub fn pair_policy(
     policy: Policy,
     on_poll_failure: PollFailurePolicy,
 ) -> (Arc<SimFabric>, Arc<FaultSwitch>, Side, Side) {
+    pair_of(policy, Duration::ZERO, on_poll_failure)
+}
+
+/// Two supervised sides that have met (ARP both ways) and carried a frame each way; A's
+/// provider is the faulty one.
+fn pair_of(
+    policy: Policy,
+    grace: Duration,
+    on_poll_failure: PollFailurePolicy,
+) -> (Arc<SimFabric>, Arc<FaultSwitch>, Side, Side) {
     let sim = Arc::new(fabric(4096));
+    sim.set_retire_grace(grace);
     let faulty = FaultyProvider::new(sim.clone());
     let switch = faulty.switch();
     let a = side_with(
@@ -182,16 +193,15 @@ pub fn pair_with_grace(
     policy: Policy,
     grace: Duration,
 ) -> (Arc<SimFabric>, Arc<FaultSwitch>, Side, Side) {
-    let sim = Arc::new(fabric(4096));
-    sim.set_retire_grace(grace);
-    let faulty = FaultyProvider::new(sim.clone());
-    let switch = faulty.switch();
-    let a = side(Arc::new(faulty), "sim0", "198.18.2.1/24", policy);
-    let b = side(sim.clone(), "sim1", "198.18.2.2/24", policy);
-    a.wait_state("running", 0);
-    b.wait_state("running", 0);
-    introduce(&a, &b);
-    flows(&a, A_IP, &b, B_IP, 0);
-    flows(&b, B_IP, &a, A_IP, 0);
-    (sim, switch, a, b)
+    pair_of(policy, grace, PollFailurePolicy::Restart)
+}
+
+/// A restart policy for fault tests: no breaker trips, short backoff.
+pub fn quick_policy() -> Policy {
+    Policy {
+        max_restarts: 100,
+        backoff_initial: Duration::from_millis(1),
+        backoff_max: Duration::from_millis(5),
+        ..Policy::default()
+    }
 }
