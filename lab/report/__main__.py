@@ -4,14 +4,17 @@
 Usage: python3 lab/report KIND OUTDIR [options]   (the entry points call it)
 
   e2e OUTDIR [--check] [--test] [--vm-rc N] [--elapsed S] [--vm-elapsed S]
-      `scripts/lab`: ib_send_bw, iperf3 over eth0 and through uipoib, ping, counters.
-      Writes report.{txt,json}. Exit 1 if ping failed either way or a measurement is
+      `scripts/lab`: ib_send_bw, iperf3 over eth0 and through uipoib, ping, counters,
+      the fault run and the poll-failure comparisons (compare-CASE.{json,txt}, the
+      cases in LAB_COMPARE). Writes report.{txt,json}. Exit 1 if ping failed either way or a measurement is
       missing; with --check also on anything else missing or wrong (a failed step, a
       guest script that did not exit 0, missing counters, a daemon that did not exit 0
       after SIGTERM, ping loss above 0%, no TCP throughput through uipoib). --test
       (`scripts/lab test`) then asserts: ping both ways with 0% loss, TCP through uipoib
       > 0 bits/s, UDP through uipoib ran, both daemons exited 0 on SIGTERM with "ledger
-      balanced" for every interface in their exit log.
+      balanced" for every interface in their exit log; for each comparison: it ran and
+      passed, restart recovered, every policy's ledger balanced; the comparison's own
+      daemon on a started and stopped cleanly.
   hostile OUTDIR [--vm-rc N] [--elapsed S] [--vm-elapsed S]
       `scripts/lab hostile`: the rogue-QP checks (a), (b), (c). Writes
       hostile-report.{txt,json}. Exit 1 if a check failed.
