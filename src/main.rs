@@ -29,8 +29,52 @@ use uipoib::verbs::sim::SimFabric;
     about = "A userspace IPoIB-like datapath: a TAP interface carried over RDMA UD queue pairs"
 )]
 struct Cli {
+    /// How log lines are written to stderr: text (coloured only when stderr is a
+    /// terminal) or json (one object per line, for journald or a collector). RUST_LOG
+    /// sets the level (default info); one that does not parse is an error.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// `--log-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The level filter from RUST_LOG (info without it); one that does not parse is an error
+/// naming it, never a silent `info`.
+fn log_filter(rust_log: Option<&str>) -> Result<EnvFilter, String> {
+    match rust_log {
+        None => Ok(EnvFilter::new("info")),
+        Some(s) => EnvFilter::builder()
+            .parse(s)
+            .map_err(|e| format!("RUST_LOG={s:?} does not parse: {e}")),
+    }
+}
+
+/// The log subscriber: `format` to `writer`, ANSI colour only with `ansi`.
+fn log_subscriber<W>(
+    format: LogFormat,
+    filter: EnvFilter,
+    ansi: bool,
+    writer: W,
+) -> Box<dyn tracing::Subscriber + Send + Sync>
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer);
+    match format {
+        LogFormat::Text => Box::new(b.with_ansi(ansi).finish()),
+        LogFormat::Json => Box::new(b.json().with_ansi(false).finish()),
+    }
 }
 
 #[derive(Subcommand)]
@@ -643,13 +687,26 @@ fn print_outcome(o: &daemon::Outcome) {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let filter = match log_filter(rust_log.as_deref()) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("uipoib: {e} (e.g. RUST_LOG=info or RUST_LOG=uipoib=debug,info)");
+            return ExitCode::from(2);
+        }
+    };
+    use std::io::IsTerminal as _;
+    let ansi = std::io::stderr().is_terminal();
+    if let Err(e) = tracing::subscriber::set_global_default(log_subscriber(
+        cli.log_format,
+        filter,
+        ansi,
+        std::io::stderr,
+    )) {
+        eprintln!("uipoib: setting up logging: {e}");
+        return ExitCode::from(1);
+    }
     match cli.cmd {
         Cmd::Up(a) => {
             let cfg = match up_config(&a) {
@@ -1040,5 +1097,66 @@ mod tests {
             ..s
         };
         assert!(status_text(&s).contains("tap       uip0 (198.18.1.1/24)\n"));
+    }
+}
+
+#[cfg(test)]
+mod log_tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn logged(format: LogFormat, ansi: bool) -> String {
+        let buf = Buf::default();
+        let b2 = buf.clone();
+        let sub = log_subscriber(format, log_filter(None).unwrap(), ansi, move || b2.clone());
+        tracing::subscriber::with_default(sub, || {
+            tracing::info!(tap = "uip0", epoch = 2, "interface running again");
+            tracing::debug!("not at info");
+        });
+        String::from_utf8(buf.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn json_lines_are_objects_with_the_fields() {
+        let out = logged(LogFormat::Json, true);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 1, "{out}");
+        let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+        assert_eq!(v["level"], "INFO");
+        assert_eq!(v["fields"]["message"], "interface running again");
+        assert_eq!(v["fields"]["tap"], "uip0");
+        assert_eq!(v["fields"]["epoch"], 2);
+        assert!(!out.contains('\x1b'), "no escapes in JSON: {out:?}");
+    }
+
+    #[test]
+    fn text_has_colour_only_when_asked() {
+        assert!(!logged(LogFormat::Text, false).contains('\x1b'));
+        let coloured = logged(LogFormat::Text, true);
+        assert!(coloured.contains('\x1b'), "{coloured:?}");
+        assert!(coloured.contains("interface running again"));
+    }
+
+    #[test]
+    fn a_rust_log_that_does_not_parse_is_an_error() {
+        for bad in ["info,[", "uipoib=loud", "=info"] {
+            let e = log_filter(Some(bad)).unwrap_err();
+            assert!(e.contains("RUST_LOG") && e.contains(bad), "{bad}: {e}");
+        }
+        for good in ["info", "uipoib=debug,info", "warn"] {
+            assert!(log_filter(Some(good)).is_ok(), "{good}");
+        }
     }
 }

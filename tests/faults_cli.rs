@@ -695,3 +695,24 @@ fn fault_compare_refuses_bad_use_and_a_daemon_already_there() {
             .contains("already answers")
     );
 }
+
+#[test]
+fn a_rust_log_that_does_not_parse_is_refused_naming_it() {
+    let out = Command::new(env!("CARGO_BIN_EXE_uipoib"))
+        .args(["status", "--tap", "uipcli0"])
+        .env("RUST_LOG", "info,[")
+        .output()
+        .expect("running uipoib");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("RUST_LOG=\"info,[\" does not parse"), "{err}");
+    // A good one is taken, and stderr to a pipe carries no colour codes.
+    let out = Command::new(env!("CARGO_BIN_EXE_uipoib"))
+        .args(["status", "--tap", "uipcli0"])
+        .env("RUST_LOG", "uipoib=debug,info")
+        .output()
+        .expect("running uipoib");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "no daemon: {err}");
+    assert!(!err.contains('\x1b'), "{err:?}");
+}
