@@ -164,6 +164,10 @@ struct UpArgs {
     /// recreate-cq (replace that CQ, keep the QP). The alternatives need --allow-faults.
     #[arg(long, value_name = "POLICY")]
     poll_failure_policy: Option<String>,
+    /// Validate the flags and the config file and print what would be opened and
+    /// created, without touching any device; exit 0 if valid, 2 naming what is wrong.
+    #[arg(long)]
+    check: bool,
     #[command(flatten)]
     tune: TuneArgs,
 }
@@ -657,9 +661,9 @@ impl TuneArgs {
 }
 
 fn up_config(a: &UpArgs) -> Result<Config, ConfigError> {
-    let file = match &a.config {
-        Some(p) => ConfigKeys::load(p)?,
-        None => ConfigKeys::default(),
+    let (file, text) = match &a.config {
+        Some(p) => (ConfigKeys::load(p)?, std::fs::read_to_string(p).ok()),
+        None => (ConfigKeys::default(), None),
     };
     let flags = ConfigKeys {
         device: a.device.clone(),
@@ -672,7 +676,41 @@ fn up_config(a: &UpArgs) -> Result<Config, ConfigError> {
         poll_failure_policy: a.poll_failure_policy.clone(),
         ..Default::default()
     };
-    Config::from_keys(a.tune.apply(flags.or(file)))
+    let from_flags = flag_keys(a);
+    Config::from_keys(a.tune.apply(flags.or(file))).map_err(|e| match (&e, &a.config, &text) {
+        // A value the file gave (no flag overrode it): name the file and line.
+        (ConfigError::Invalid { key, .. }, Some(p), Some(t)) if !from_flags.contains(key) => {
+            e.in_file(p, t)
+        }
+        _ => e,
+    })
+}
+
+/// The config keys the command line sets (they win over the file's).
+fn flag_keys(a: &UpArgs) -> Vec<&'static str> {
+    let t = &a.tune;
+    [
+        ("device", a.device.is_some()),
+        ("tap", a.tap.is_some()),
+        ("addr", !a.addr.is_empty()),
+        ("port", a.port.is_some()),
+        ("gid-index", a.gid_index.is_some()),
+        ("control", a.control.is_some()),
+        ("allow-faults", a.allow_faults),
+        ("poll-failure-policy", a.poll_failure_policy.is_some()),
+        ("mtu", t.mtu.is_some()),
+        ("budget", t.budget.is_some()),
+        ("recv-ring", t.recv_ring.is_some()),
+        ("send-ring", t.send_ring.is_some()),
+        ("poll-batch", t.poll_batch.is_some()),
+        ("tx-batch", t.tx_batch.is_some()),
+        ("qkey", t.qkey.is_some()),
+        ("group", t.group.is_some()),
+        ("tap-offload", t.tap_offload.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(k, set)| set.then_some(k))
+    .collect()
 }
 
 fn print_outcome(o: &daemon::Outcome) {
@@ -716,6 +754,10 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            if a.check {
+                print!("{}", cfg.plan());
+                return ExitCode::SUCCESS;
+            }
             let provider = Arc::new(RdmaProvider::new());
             match daemon::run(
                 vec![Launch {

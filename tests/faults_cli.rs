@@ -716,3 +716,47 @@ fn a_rust_log_that_does_not_parse_is_refused_naming_it() {
     assert_eq!(out.status.code(), Some(1), "no daemon: {err}");
     assert!(!err.contains('\x1b'), "{err:?}");
 }
+
+#[test]
+fn up_check_validates_and_says_what_it_would_open_without_a_device() {
+    let out = Command::new(env!("CARGO_BIN_EXE_uipoib"))
+        .args(["up", "--check", "--device", "nodev9", "--tap", "uipcli0"])
+        .args(["--addr", "198.18.9.1/24", "--addr", "2001:2:0:9::1/64"])
+        .output()
+        .expect("running uipoib");
+    let plan = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{plan}{}", text(&out.stderr));
+    assert!(plan.contains("open RDMA device nodev9 port 1"), "{plan}");
+    assert!(
+        plan.contains("create TAP uipcli0 with 198.18.9.1/24, 2001:2:0:9::1/64"),
+        "{plan}"
+    );
+    assert!(plan.contains("on a failed poll: restart"), "{plan}");
+    // A range error in a file names the file, the line and the key; a flag that sets
+    // the key instead wins, and then the file is not blamed.
+    let dir = sock_path("check");
+    let file = dir.parent().unwrap().join("uip.toml");
+    std::fs::write(
+        &file,
+        "[interface]\ndevice = \"nodev9\"\ntap = \"uipcli0\"\naddr = \"198.18.9.1/24\"\nrecv-ring = 3\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_uipoib"))
+        .args(["up", "--check", "--config"])
+        .arg(&file)
+        .output()
+        .expect("running uipoib");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!("config file {}:5: recv-ring:", file.display())),
+        "{err}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_uipoib"))
+        .args(["up", "--check", "--recv-ring", "128", "--config"])
+        .arg(&file)
+        .output()
+        .expect("running uipoib");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("receive ring 128"));
+}

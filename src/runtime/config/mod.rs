@@ -45,6 +45,43 @@ pub enum ConfigError {
         /// Why.
         why: String,
     },
+    /// A value from a config file out of range: where it is.
+    #[error("config file {}:{line}: {key}: {why}", path.display())]
+    InFile {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line of the key.
+        line: usize,
+        /// The key.
+        key: &'static str,
+        /// Why.
+        why: String,
+    },
+}
+
+impl ConfigError {
+    /// An [`ConfigError::Invalid`] about a key that `text` (the file at `path`) sets, as
+    /// [`ConfigError::InFile`] naming the line; anything else as it is. The caller passes
+    /// only errors about values that came from the file (not from a flag).
+    pub fn in_file(self, path: &std::path::Path, text: &str) -> ConfigError {
+        let ConfigError::Invalid { key, why } = self else {
+            return self;
+        };
+        let line = text.lines().position(|l| {
+            l.trim_start()
+                .strip_prefix(key)
+                .is_some_and(|rest| rest.trim_start().starts_with('='))
+        });
+        match line {
+            Some(i) => ConfigError::InFile {
+                path: path.to_owned(),
+                line: i + 1,
+                key,
+                why,
+            },
+            None => ConfigError::Invalid { key, why },
+        }
+    }
 }
 
 #[cfg(test)]

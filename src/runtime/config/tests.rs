@@ -525,3 +525,34 @@ fn command_line_addrs_replace_the_files_list() {
     let c = Config::from_keys(ConfigKeys::default().or(file)).unwrap();
     assert_eq!(c.addr6.len(), 1);
 }
+
+#[test]
+fn a_range_error_from_a_file_names_the_file_line_and_key() {
+    let text = "[interface]\ndevice = \"rxe0\"\ntap = \"uip0\"\naddr = \"198.18.1.1/24\"\n\n  recv-ring = 3\n";
+    let keys = ConfigKeys::parse(text).unwrap();
+    let err = Config::from_keys(keys)
+        .unwrap_err()
+        .in_file(std::path::Path::new("/etc/uipoib/uip0.toml"), text);
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("config file /etc/uipoib/uip0.toml:6: recv-ring: "),
+        "{msg}"
+    );
+    // A key the file does not hold stays as it was; other errors pass through.
+    let e = ConfigError::Invalid {
+        key: "mtu",
+        why: "x".into(),
+    }
+    .in_file(std::path::Path::new("f.toml"), text);
+    assert_eq!(e.to_string(), "invalid mtu: x");
+    // A key that only starts like another is not taken for it.
+    let e = ConfigError::Invalid {
+        key: "tap",
+        why: "x".into(),
+    }
+    .in_file(
+        std::path::Path::new("f.toml"),
+        "tap-offload = true\ntap = \"u\"\n",
+    );
+    assert_eq!(e.to_string(), "config file f.toml:2: tap: x");
+}

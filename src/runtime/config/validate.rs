@@ -400,6 +400,75 @@ impl Config {
 }
 
 impl Config {
+    /// What `uipoib up` would open and create with this configuration, for `up --check`
+    /// (nothing is touched to say it).
+    pub fn plan(&self) -> String {
+        use std::fmt::Write as _;
+        let mut t = String::new();
+        let ms = |d: Duration| d.as_millis();
+        let _ = writeln!(t, "config ok; `uipoib up` would:");
+        let _ = writeln!(
+            t,
+            "  open RDMA device {} port {}, GID {}",
+            self.device,
+            self.port,
+            match self.gid_index {
+                Some(i) => format!("index {i}"),
+                None => "the first RoCEv2 IPv4-mapped one (or the first GID on InfiniBand)".into(),
+            }
+        );
+        let _ = writeln!(
+            t,
+            "  with a UD QP: receive ring {}, send ring {}, Q_Key {:#x}, broadcast group {}",
+            self.recv_ring, self.send_ring, self.qkey, self.group
+        );
+        let addrs: Vec<String> = std::iter::once(self.addr.to_string())
+            .chain(self.addr6.iter().map(|a| a.to_string()))
+            .collect();
+        let _ = writeln!(
+            t,
+            "  create TAP {} with {}, MTU {}, offloads {}",
+            self.tap,
+            addrs.join(", "),
+            self.mtu.map_or_else(
+                || "from the port (active MTU - 4)".into(),
+                |m| m.to_string()
+            ),
+            if self.tap_offload { "on" } else { "off" }
+        );
+        let _ = writeln!(
+            t,
+            "  listen on control socket {} (fault injection {})",
+            self.control.display(),
+            if self.allow_faults {
+                "allowed"
+            } else {
+                "refused"
+            }
+        );
+        let _ = writeln!(
+            t,
+            "  poll: budget {}, {} completions per poll_cq, {} TAP frames per turn; on a failed poll: {}",
+            self.budget, self.poll_batch, self.tx_batch, self.poll_failure
+        );
+        let _ = writeln!(
+            t,
+            "  restart: backoff {}..{} ms, dead after more than {} restarts within {} s; send-stall watchdog {} ms",
+            ms(self.restart.backoff_initial),
+            ms(self.restart.backoff_max),
+            self.restart.max_restarts,
+            self.restart.window.as_secs(),
+            ms(self.tx_timeout)
+        );
+        let _ = writeln!(
+            t,
+            "  neighbours: up to {}, forgotten after {} s idle",
+            self.neigh_capacity,
+            self.neigh_max_age.as_secs()
+        );
+        t
+    }
+
     /// Parameters from a validated configuration.
     pub fn iface_config(&self) -> IfaceConfig {
         IfaceConfig {
