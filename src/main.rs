@@ -87,6 +87,19 @@ enum Cmd {
     Status(QueryArgs),
     /// Ask a running daemon to restart its interface (also revives a dead one).
     Restart(QueryArgs),
+    /// Print a shell completion script (e.g. `uipoib completions bash >
+    /// /etc/bash_completion.d/uipoib`).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (uipoib.1 and one per subcommand, uipoib-up.1, ...) into DIR,
+    /// or print uipoib.1 alone without DIR.
+    Man {
+        /// Where to write them (created if missing).
+        dir: Option<PathBuf>,
+    },
     /// Inject or clear faults in a running daemon (for recovery tests).
     #[command(subcommand)]
     Fault(FaultCmd),
@@ -713,6 +726,47 @@ fn flag_keys(a: &UpArgs) -> Vec<&'static str> {
     .collect()
 }
 
+/// `uipoib man`: uipoib.1 to stdout, or every page (the command and each subcommand,
+/// nested ones as uipoib-fault-run.1) into `dir`.
+fn man_pages(dir: Option<&std::path::Path>) -> ExitCode {
+    use clap::CommandFactory as _;
+    let cmd = Cli::command();
+    let Some(dir) = dir else {
+        return match clap_mangen::Man::new(cmd).render(&mut std::io::stdout()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("uipoib: writing the man page: {e}");
+                ExitCode::from(1)
+            }
+        };
+    };
+    if let Err(e) = std::fs::create_dir_all(dir) {
+        eprintln!("uipoib: creating {}: {e}", dir.display());
+        return ExitCode::from(1);
+    }
+    // The command and its subcommands, depth first, each page named by its path.
+    let mut todo = vec![(String::from("uipoib"), String::from("uipoib"), cmd)];
+    while let Some((name, path, c)) = todo.pop() {
+        for sub in c.get_subcommands().filter(|s| s.get_name() != "help") {
+            todo.push((
+                format!("{name}-{}", sub.get_name()),
+                format!("{path} {}", sub.get_name()),
+                sub.clone(),
+            ));
+        }
+        let page = c.display_name(name.clone()).bin_name(path);
+        let path = dir.join(format!("{name}.1"));
+        let written = std::fs::File::create(&path)
+            .and_then(|mut f| clap_mangen::Man::new(page).render(&mut f));
+        if let Err(e) = written {
+            eprintln!("uipoib: writing {}: {e}", path.display());
+            return ExitCode::from(1);
+        }
+        println!("{}", path.display());
+    }
+    ExitCode::SUCCESS
+}
+
 fn print_outcome(o: &daemon::Outcome) {
     for (name, snap, ledger) in &o.interfaces {
         println!("== {name} counters ==");
@@ -777,6 +831,12 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Cmd::Completions { shell } => {
+            use clap::CommandFactory as _;
+            clap_complete::generate(shell, &mut Cli::command(), "uipoib", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+        Cmd::Man { dir } => man_pages(dir.as_deref()),
         Cmd::Stats(q) => query(&q, "stats"),
         Cmd::Status(q) => query(&q, "status"),
         Cmd::Restart(q) => query(&q, "restart"),
