@@ -158,6 +158,11 @@ const B: Ipv4Addr = Ipv4Addr::new(198, 18, 2, 2);
 impl Pair {
     /// A sim-pair with `extra` flags (e.g. `--tap-offload false`).
     fn start(tag: u32, extra: &[&str]) -> Pair {
+        Self::start_env(tag, extra, &[])
+    }
+
+    /// [`Pair::start`] with environment variables set for the daemon.
+    fn start_env(tag: u32, extra: &[&str], env: &[(&str, &str)]) -> Pair {
         let id = std::process::id() % 10_000;
         let na = Netns::new(&format!("uipt-a-{id}-{tag}"));
         let nb = Netns::new(&format!("uipt-b-{id}-{tag}"));
@@ -176,6 +181,7 @@ impl Pair {
             .args(["--control-b"])
             .arg(&ctl_b)
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -939,4 +945,55 @@ fn tap_configure_and_reconfigure_derive_the_link_local_from_the_mac() {
     let ll = uipoib::wire::ipv6::link_local_for_mac(mac2).to_string();
     assert_eq!(v6.lines().count(), 1, "{v6}");
     assert!(v6.contains(&format!("{ll}/64")), "{v6}");
+}
+
+#[test]
+fn the_daemon_tells_a_service_manager_ready_status_watchdog_and_stopping() {
+    if !can_run("the_daemon_tells_a_service_manager_ready_status_watchdog_and_stopping") {
+        return;
+    }
+    use std::os::unix::net::UnixDatagram;
+    let dir = std::env::temp_dir().join(format!("uipoib-notify-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("notify.sock");
+    let sock = UnixDatagram::bind(&path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    // A fake service manager: NOTIFY_SOCKET, and a 400 ms watchdog.
+    let pair = Pair::start_env(
+        9,
+        &[],
+        &[
+            ("NOTIFY_SOCKET", path.to_str().unwrap()),
+            ("WATCHDOG_USEC", "400000"),
+        ],
+    );
+    let mut got = String::new();
+    let mut buf = [0u8; 512];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(got.contains("READY=1") && got.matches("WATCHDOG=1").count() >= 2) {
+        assert!(Instant::now() < deadline, "so far: {got:?}");
+        let n = sock.recv(&mut buf).expect("a notification");
+        got.push_str(&String::from_utf8_lossy(&buf[..n]));
+        got.push('\n');
+    }
+    // Ready only once both interfaces run, and the status names them.
+    let ready = got.find("READY=1").unwrap();
+    let status = got.find("STATUS=").unwrap();
+    assert!(got[status..].contains(": running"), "{got}");
+    assert!(
+        got[..ready].lines().all(|l| !l.starts_with("WATCHDOG")),
+        "{got}"
+    );
+    pair.stop();
+    let mut tail = String::new();
+    while let Ok(n) = sock.recv(&mut buf) {
+        tail.push_str(&String::from_utf8_lossy(&buf[..n]));
+        if tail.contains("STOPPING=1") {
+            break;
+        }
+    }
+    assert!(tail.contains("STOPPING=1"), "{tail:?}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

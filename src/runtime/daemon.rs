@@ -16,6 +16,7 @@ use crate::iface::stats::Stats;
 use crate::iface::{Interface, OpenError};
 use crate::runtime::config::Config;
 use crate::runtime::control::{ControlError, ControlServer};
+use crate::runtime::notify;
 use crate::runtime::supervisor::{CLOSE_BOUND, Status, Supervised, Supervisor};
 use crate::tap::{Tap, TapDevice, TapError};
 use crate::verbs::Provider;
@@ -80,11 +81,18 @@ struct Running {
     supervisor: Supervisor,
     name: String,
     stats: Arc<Stats>,
+    status: Arc<Mutex<Status>>,
     _control: ControlServer,
     _tap: Arc<Tap>,
 }
 
-/// Run interfaces until SIGINT/SIGTERM (or until `stop` receives), then tear down.
+/// How often the daemon looks at its interfaces' states for the service manager (and
+/// at most how long between two watchdog pings).
+const NOTIFY_TICK: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Run interfaces until SIGINT/SIGTERM (or until `stop` receives), then tear down. Under
+/// a service manager (`NOTIFY_SOCKET`), report readiness, state and liveness to it (see
+/// [`notify`]).
 pub fn run(
     specs: Vec<Launch>,
     provider: Arc<dyn Provider>,
@@ -124,9 +132,63 @@ pub fn run(
     }
 
     let stop_rx = stop.unwrap_or_else(crossbeam_channel::never);
-    select! {
-        recv(sig_rx) -> s => tracing::info!(signal = s.unwrap_or(0), "stopping"),
-        recv(stop_rx) -> _ => tracing::info!("stopping"),
+    // The service manager (systemd `Type=notify`), when there is one.
+    let notifier = match notify::Notifier::from_env() {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(error = %e, "NOTIFY_SOCKET is unusable: no notifications to the service manager");
+            None
+        }
+    };
+    let watchdog = notifier.as_ref().and(notify::watchdog_interval());
+    let tick = watchdog.map_or(NOTIFY_TICK, |w| w.min(NOTIFY_TICK));
+    let mut ready = false;
+    let mut last_status = String::new();
+    loop {
+        select! {
+            recv(sig_rx) -> s => {
+                tracing::info!(signal = s.unwrap_or(0), "stopping");
+                break;
+            }
+            recv(stop_rx) -> _ => {
+                tracing::info!("stopping");
+                break;
+            }
+            default(tick) => {}
+        }
+        let Some(n) = &notifier else { continue };
+        let states: Vec<(String, String)> = running
+            .iter()
+            .map(|r| {
+                let st = r.status.lock().map(|s| s.state.clone()).unwrap_or_default();
+                (r.name.clone(), st)
+            })
+            .collect();
+        let line = notify::status_line(states.iter().map(|(a, b)| (a.as_str(), b.as_str())));
+        let mut msg = String::new();
+        if !ready && states.iter().all(|(_, s)| s == "running") {
+            ready = true;
+            msg.push_str("READY=1\n");
+        }
+        if line != last_status {
+            msg.push_str(&line);
+            msg.push('\n');
+            last_status = line;
+        }
+        // The watchdog is fed while no interface is dead (restarting and waiting for a
+        // device are the supervisor at work); a dead one lets it fire, and the service
+        // manager's restart is the operator restart.
+        if watchdog.is_some() && ready && states.iter().all(|(_, s)| s != "dead") {
+            msg.push_str("WATCHDOG=1\n");
+        }
+        if !msg.is_empty()
+            && let Err(e) = n.send(&msg)
+        {
+            tracing::debug!(error = %e, "notifying the service manager failed");
+        }
+    }
+    if let Some(n) = &notifier {
+        let _ = n.send("STOPPING=1\nSTATUS=stopping");
     }
     let outcome = stop_all(running, CLOSE_BOUND);
     sig_handle.close();
@@ -221,7 +283,7 @@ fn start(spec: &Launch, provider: Arc<dyn Provider>) -> Result<Running, DaemonEr
     let control = match ControlServer::start(
         &c.control,
         stats.clone(),
-        status,
+        status.clone(),
         Some(supervisor.orders()),
         c.allow_faults.then_some(faults),
     ) {
@@ -235,6 +297,7 @@ fn start(spec: &Launch, provider: Arc<dyn Provider>) -> Result<Running, DaemonEr
         supervisor,
         name: c.tap.clone(),
         stats,
+        status,
         _control: control,
         _tap: tap,
     })
