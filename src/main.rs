@@ -38,7 +38,7 @@ enum Cmd {
     /// Bring an interface up and carry its traffic until SIGINT/SIGTERM.
     Up(UpArgs),
     /// Print a running daemon's counters.
-    Stats(QueryArgs),
+    Stats(StatsArgs),
     /// Print a running daemon's state and restart history.
     Status(QueryArgs),
     /// Ask a running daemon to restart its interface (also revives a dead one).
@@ -120,6 +120,10 @@ struct UpArgs {
     /// recreate-cq (replace that CQ, keep the QP). The alternatives need --allow-faults.
     #[arg(long, value_name = "POLICY")]
     poll_failure_policy: Option<String>,
+    /// Serve the counters at http://ADDR/metrics (Prometheus text format), e.g.
+    /// 127.0.0.1:9464.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
     #[command(flatten)]
     tune: TuneArgs,
 }
@@ -135,6 +139,16 @@ struct QueryArgs {
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Args)]
+struct StatsArgs {
+    #[command(flatten)]
+    q: QueryArgs,
+    /// The counters in the Prometheus text exposition format (0.0.4), with the state
+    /// from `uipoib status`.
+    #[arg(long, conflicts_with = "json")]
+    prometheus: bool,
 }
 
 #[derive(Subcommand)]
@@ -626,6 +640,7 @@ fn up_config(a: &UpArgs) -> Result<Config, ConfigError> {
         control: a.control.clone(),
         allow_faults: a.allow_faults.then_some(true),
         poll_failure_policy: a.poll_failure_policy.clone(),
+        metrics_listen: a.metrics_listen.clone(),
         ..Default::default()
     };
     Config::from_keys(a.tune.apply(flags.or(file)))
@@ -678,7 +693,8 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Cmd::Stats(q) => query(&q, "stats"),
+        Cmd::Stats(a) if a.prometheus => prometheus(&a.q),
+        Cmd::Stats(a) => query(&a.q, "stats"),
         Cmd::Status(q) => query(&q, "status"),
         Cmd::Restart(q) => query(&q, "restart"),
         Cmd::Fault(FaultCmd::Clear(q)) => query(&q, "clear"),
@@ -762,6 +778,30 @@ fn query(q: &QueryArgs, cmd: &str) -> ExitCode {
         }
         Err(code) => code,
     }
+}
+
+/// `uipoib stats --prometheus`: the counters and the state, in the exposition format.
+fn prometheus(q: &QueryArgs) -> ExitCode {
+    let stats = match ask(q, &serde_json::json!({ "cmd": "stats" })) {
+        Ok(v) => match serde_json::from_value::<Snapshot>(v["stats"].clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("uipoib: unexpected stats from the daemon: {e}");
+                return ExitCode::from(1);
+            }
+        },
+        Err(code) => return code,
+    };
+    let status = ask(q, &serde_json::json!({ "cmd": "status" }))
+        .ok()
+        .and_then(|v| serde_json::from_value::<Status>(v["status"].clone()).ok());
+    let tap = match (&q.tap, &status) {
+        (Some(t), _) => t.clone(),
+        (None, Some(s)) => s.tap.clone(),
+        (None, None) => String::new(),
+    };
+    print!("{}", stats.to_prometheus(&tap, status.as_ref()));
+    ExitCode::SUCCESS
 }
 
 fn faults_text(v: &serde_json::Value) -> String {

@@ -5,5 +5,6 @@
 pub mod config;
 pub mod control;
 pub mod daemon;
+pub mod metrics;
 pub mod poller;
 pub mod supervisor;

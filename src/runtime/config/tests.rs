@@ -199,6 +199,20 @@ fn each_bad_value_names_its_key() {
             },
             "backoff-max-ms",
         ),
+        (
+            ConfigKeys {
+                metrics_listen: Some("localhost:9464".into()),
+                ..base()
+            },
+            "metrics-listen",
+        ),
+        (
+            ConfigKeys {
+                metrics_listen: Some("127.0.0.1".into()),
+                ..base()
+            },
+            "metrics-listen",
+        ),
     ];
     for (cfg, key) in cases {
         match Config::from_keys(cfg.clone()) {
@@ -524,4 +538,31 @@ fn command_line_addrs_replace_the_files_list() {
     // No addresses on the command line: the file's list as it is.
     let c = Config::from_keys(ConfigKeys::default().or(file)).unwrap();
     assert_eq!(c.addr6.len(), 1);
+}
+
+#[test]
+fn metrics_listen_is_optional_and_parsed() {
+    assert_eq!(Config::from_keys(base()).unwrap().metrics_listen, None);
+    let f = ConfigKeys::parse(
+        "device = \"rxe0\"\ntap = \"uip0\"\naddr = \"198.18.1.1/24\"\nmetrics-listen = \"127.0.0.1:9464\"\n",
+    )
+    .unwrap();
+    let c = Config::from_keys(f).unwrap();
+    assert_eq!(c.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
+    let c = Config::from_keys(ConfigKeys {
+        metrics_listen: Some("[::1]:0".into()),
+        ..base()
+    })
+    .unwrap();
+    assert_eq!(c.metrics_listen, Some("[::1]:0".parse().unwrap()));
+    let err = Config::from_keys(ConfigKeys {
+        metrics_listen: Some("nowhere".into()),
+        ..base()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("metrics-listen") && err.contains("nowhere"),
+        "{err}"
+    );
 }
