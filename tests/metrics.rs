@@ -130,3 +130,119 @@ fn a_taken_address_is_an_error() {
     let err = MetricsServer::start(m.local_addr(), "uip1".into(), st, status).err();
     assert!(err.is_some());
 }
+
+/// The daemon's wiring: `metrics-listen` serves the live interface, and an address that
+/// is taken stops the start with an error naming it. Needs root and /dev/net/tun (a TAP
+/// in a namespace of its own); skipped, saying so, without them.
+#[cfg(feature = "sim")]
+mod daemon {
+    use super::*;
+    use std::net::{Ipv4Addr, TcpListener};
+    use std::process::Command;
+    use uipoib::runtime::config::{Config, ConfigKeys};
+    use uipoib::runtime::daemon::{self, DaemonError, Launch};
+    use uipoib::verbs::sim::SimFabric;
+
+    struct Netns(String);
+    impl Drop for Netns {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+
+    fn netns(tag: &str) -> Option<Netns> {
+        let name = format!("uipm-{tag}-{}", std::process::id());
+        let ok = std::fs::metadata("/dev/net/tun").is_ok()
+            && Command::new("ip")
+                .args(["netns", "add", &name])
+                .status()
+                .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("SKIP: needs root, ip netns and /dev/net/tun");
+            return None;
+        }
+        Some(Netns(name))
+    }
+
+    fn launch(tap: &str, ns: &Netns, metrics: SocketAddr) -> (Arc<SimFabric>, Launch) {
+        let fabric = Arc::new(SimFabric::new());
+        fabric
+            .add_device("sim0", Ipv4Addr::new(198, 18, 0, 1), 4096)
+            .unwrap();
+        let dir = std::env::temp_dir().join(format!("uipm-{tap}-{}", std::process::id()));
+        let config = Config::from_keys(ConfigKeys {
+            device: Some("sim0".into()),
+            tap: Some(tap.into()),
+            addr: Some("198.18.7.1/24".into()),
+            control: Some(dir.join("c.sock")),
+            metrics_listen: Some(metrics.to_string()),
+            ..Default::default()
+        })
+        .unwrap();
+        let spec = Launch {
+            config,
+            netns: Some(ns.0.clone()),
+        };
+        (fabric, spec)
+    }
+
+    fn get(addr: SocketAddr) -> Option<String> {
+        let mut c = TcpStream::connect(addr).ok()?;
+        c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        c.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").ok()?;
+        let mut s = String::new();
+        c.read_to_string(&mut s).ok()?;
+        Some(s)
+    }
+
+    #[test]
+    fn metrics_listen_serves_the_live_interface() {
+        let Some(ns) = netns("serve") else { return };
+        let addr = {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let (fabric, spec) = launch("uipm0", &ns, addr);
+        let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
+        let run = std::thread::spawn(move || daemon::run(vec![spec], fabric, Some(stop_rx)));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut last = None;
+        while Instant::now() < deadline {
+            last = get(addr);
+            if last
+                .as_deref()
+                .is_some_and(|s| s.contains("uipoib_state{tap=\"uipm0\",state=\"running\"} 1\n"))
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = stop_tx.send(());
+        let outcome = run.join().unwrap().expect("daemon run");
+        let text = last.expect("no answer on metrics-listen");
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+        assert!(
+            text.contains("uipoib_state{tap=\"uipm0\",state=\"running\"} 1\n"),
+            "{text}"
+        );
+        assert!(text.contains("uipoib_mtu{tap=\"uipm0\"} 4092\n"), "{text}");
+        assert_eq!(outcome.exit_code(), 0);
+        // Gone with the daemon.
+        assert!(TcpStream::connect(addr).is_err());
+    }
+
+    #[test]
+    fn a_taken_metrics_address_stops_the_start() {
+        let Some(ns) = netns("taken") else { return };
+        let held = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = held.local_addr().unwrap();
+        let (fabric, spec) = launch("uipm1", &ns, addr);
+        match daemon::run(vec![spec], fabric, None) {
+            Err(e @ DaemonError::Metrics { .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains(&format!("metrics-listen {addr}")), "{msg}");
+            }
+            other => panic!("expected a metrics-listen error, got {other:?}"),
+        }
+    }
+}
