@@ -82,7 +82,7 @@ enum Cmd {
     /// Bring an interface up and carry its traffic until SIGINT/SIGTERM.
     Up(UpArgs),
     /// Print a running daemon's counters.
-    Stats(QueryArgs),
+    Stats(StatsArgs),
     /// Print a running daemon's state and restart history.
     Status(QueryArgs),
     /// Ask a running daemon to restart its interface (also revives a dead one).
@@ -181,6 +181,10 @@ struct UpArgs {
     /// created, without touching any device; exit 0 if valid, 2 naming what is wrong.
     #[arg(long)]
     check: bool,
+    /// Serve the counters at http://ADDR/metrics (Prometheus text format), e.g.
+    /// 127.0.0.1:9464.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
     #[command(flatten)]
     tune: TuneArgs,
 }
@@ -196,6 +200,16 @@ struct QueryArgs {
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Args)]
+struct StatsArgs {
+    #[command(flatten)]
+    q: QueryArgs,
+    /// The counters in the Prometheus text exposition format (0.0.4), with the state
+    /// from `uipoib status`.
+    #[arg(long, conflicts_with = "json")]
+    prometheus: bool,
 }
 
 #[derive(Subcommand)]
@@ -687,6 +701,7 @@ fn up_config(a: &UpArgs) -> Result<Config, ConfigError> {
         control: a.control.clone(),
         allow_faults: a.allow_faults.then_some(true),
         poll_failure_policy: a.poll_failure_policy.clone(),
+        metrics_listen: a.metrics_listen.clone(),
         ..Default::default()
     };
     let from_flags = flag_keys(a);
@@ -711,6 +726,7 @@ fn flag_keys(a: &UpArgs) -> Vec<&'static str> {
         ("control", a.control.is_some()),
         ("allow-faults", a.allow_faults),
         ("poll-failure-policy", a.poll_failure_policy.is_some()),
+        ("metrics-listen", a.metrics_listen.is_some()),
         ("mtu", t.mtu.is_some()),
         ("budget", t.budget.is_some()),
         ("recv-ring", t.recv_ring.is_some()),
@@ -837,7 +853,8 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Cmd::Man { dir } => man_pages(dir.as_deref()),
-        Cmd::Stats(q) => query(&q, "stats"),
+        Cmd::Stats(a) if a.prometheus => prometheus(&a.q),
+        Cmd::Stats(a) => query(&a.q, "stats"),
         Cmd::Status(q) => query(&q, "status"),
         Cmd::Restart(q) => query(&q, "restart"),
         Cmd::Fault(FaultCmd::Clear(q)) => query(&q, "clear"),
@@ -921,6 +938,30 @@ fn query(q: &QueryArgs, cmd: &str) -> ExitCode {
         }
         Err(code) => code,
     }
+}
+
+/// `uipoib stats --prometheus`: the counters and the state, in the exposition format.
+fn prometheus(q: &QueryArgs) -> ExitCode {
+    let stats = match ask(q, &serde_json::json!({ "cmd": "stats" })) {
+        Ok(v) => match serde_json::from_value::<Snapshot>(v["stats"].clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("uipoib: unexpected stats from the daemon: {e}");
+                return ExitCode::from(1);
+            }
+        },
+        Err(code) => return code,
+    };
+    let status = ask(q, &serde_json::json!({ "cmd": "status" }))
+        .ok()
+        .and_then(|v| serde_json::from_value::<Status>(v["status"].clone()).ok());
+    let tap = match (&q.tap, &status) {
+        (Some(t), _) => t.clone(),
+        (None, Some(s)) => s.tap.clone(),
+        (None, None) => String::new(),
+    };
+    print!("{}", stats.to_prometheus(&tap, status.as_ref()));
+    ExitCode::SUCCESS
 }
 
 fn faults_text(v: &serde_json::Value) -> String {

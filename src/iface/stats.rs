@@ -161,18 +161,18 @@ impl DropReason {
 }
 
 macro_rules! counters {
-    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+    ($($(#[doc = $doc:literal])* $name:ident),* $(,)?) => {
         /// The counters of one interface.
         #[derive(Default, Debug)]
         pub struct Stats {
-            $($(#[$doc])* pub $name: AtomicU64,)*
+            $($(#[doc = $doc])* pub $name: AtomicU64,)*
             drops: [AtomicU64; DropReason::ALL.len()],
         }
 
         /// A point-in-time copy of [`Stats`], as `uipoib stats` shows it.
         #[derive(Default, Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
         pub struct Snapshot {
-            $($(#[$doc])* pub $name: u64,)*
+            $($(#[doc = $doc])* pub $name: u64,)*
             /// Drops by reason (every reason present, zero included).
             pub drops: std::collections::BTreeMap<String, u64>,
             /// The ledger's residuals when the copy was taken ([`Snapshot::residuals`]),
@@ -198,6 +198,12 @@ macro_rules! counters {
         }
 
         impl Snapshot {
+            /// Every counter in declaration order: its name, its doc comment (the lines
+            /// joined by newlines) and its value. The drops are not among them.
+            pub fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+                vec![$((stringify!($name), concat!($($doc, "\n"),*), self.$name),)*]
+            }
+
             /// `name value` lines, for humans.
             pub fn to_text(&self) -> String {
                 let mut s = String::new();

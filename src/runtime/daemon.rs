@@ -16,6 +16,7 @@ use crate::iface::stats::Stats;
 use crate::iface::{Interface, OpenError};
 use crate::runtime::config::Config;
 use crate::runtime::control::{ControlError, ControlServer};
+use crate::runtime::metrics::MetricsServer;
 use crate::runtime::notify;
 use crate::runtime::supervisor::{CLOSE_BOUND, Status, Supervised, Supervisor};
 use crate::tap::{Tap, TapDevice, TapError};
@@ -40,6 +41,15 @@ pub enum DaemonError {
     /// The control socket failed.
     #[error(transparent)]
     Control(#[from] ControlError),
+    /// The metrics listener (`metrics-listen`) could not be bound.
+    #[error("metrics-listen {addr}: {source}")]
+    Metrics {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// Threads, signals.
     #[error("{what}: {source}")]
     Io {
@@ -83,6 +93,7 @@ struct Running {
     stats: Arc<Stats>,
     status: Arc<Mutex<Status>>,
     _control: ControlServer,
+    _metrics: Option<MetricsServer>,
     _tap: Arc<Tap>,
 }
 
@@ -280,6 +291,21 @@ fn start(spec: &Launch, provider: Arc<dyn Provider>) -> Result<Running, DaemonEr
         what: "starting the supervisor",
         source,
     })?;
+    let metrics = match c.metrics_listen {
+        None => None,
+        Some(addr) => {
+            match MetricsServer::start(addr, c.tap.clone(), stats.clone(), status.clone()) {
+                Ok(m) => {
+                    tracing::info!(tap = %c.tap, addr = %m.local_addr(), "serving GET /metrics");
+                    Some(m)
+                }
+                Err(source) => {
+                    let _ = supervisor.close();
+                    return Err(DaemonError::Metrics { addr, source });
+                }
+            }
+        }
+    };
     let control = match ControlServer::start(
         &c.control,
         stats.clone(),
@@ -299,6 +325,7 @@ fn start(spec: &Launch, provider: Arc<dyn Provider>) -> Result<Running, DaemonEr
         stats,
         status,
         _control: control,
+        _metrics: metrics,
         _tap: tap,
     })
 }

@@ -62,6 +62,9 @@ pub struct ConfigKeys {
     /// What a failed CQ poll does: `restart` (the default), or one of the
     /// demonstrations `skip`, `retry`, `recreate-cq` (only with `allow-faults`).
     pub poll_failure_policy: Option<String>,
+    /// Serve the counters over HTTP (`GET /metrics`, Prometheus text format) at this
+    /// socket address, e.g. `127.0.0.1:9464`.
+    pub metrics_listen: Option<String>,
 }
 
 impl ConfigKeys {
@@ -122,6 +125,7 @@ impl ConfigKeys {
             tap_offload: self.tap_offload.or(other.tap_offload),
             allow_faults: self.allow_faults.or(other.allow_faults),
             poll_failure_policy: self.poll_failure_policy.or(other.poll_failure_policy),
+            metrics_listen: self.metrics_listen.or(other.metrics_listen),
         }
     }
 }

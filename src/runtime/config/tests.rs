@@ -199,6 +199,20 @@ fn each_bad_value_names_its_key() {
             },
             "backoff-max-ms",
         ),
+        (
+            ConfigKeys {
+                metrics_listen: Some("localhost:9464".into()),
+                ..base()
+            },
+            "metrics-listen",
+        ),
+        (
+            ConfigKeys {
+                metrics_listen: Some("127.0.0.1".into()),
+                ..base()
+            },
+            "metrics-listen",
+        ),
     ];
     for (cfg, key) in cases {
         match Config::from_keys(cfg.clone()) {
@@ -555,4 +569,31 @@ fn a_range_error_from_a_file_names_the_file_line_and_key() {
         "tap-offload = true\ntap = \"u\"\n",
     );
     assert_eq!(e.to_string(), "config file f.toml:2: tap: x");
+}
+
+#[test]
+fn metrics_listen_is_optional_and_parsed() {
+    assert_eq!(Config::from_keys(base()).unwrap().metrics_listen, None);
+    let f = ConfigKeys::parse(
+        "device = \"rxe0\"\ntap = \"uip0\"\naddr = \"198.18.1.1/24\"\nmetrics-listen = \"127.0.0.1:9464\"\n",
+    )
+    .unwrap();
+    let c = Config::from_keys(f).unwrap();
+    assert_eq!(c.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
+    let c = Config::from_keys(ConfigKeys {
+        metrics_listen: Some("[::1]:0".into()),
+        ..base()
+    })
+    .unwrap();
+    assert_eq!(c.metrics_listen, Some("[::1]:0".parse().unwrap()));
+    let err = Config::from_keys(ConfigKeys {
+        metrics_listen: Some("nowhere".into()),
+        ..base()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("metrics-listen") && err.contains("nowhere"),
+        "{err}"
+    );
 }

@@ -2,7 +2,7 @@
 //! or a [`ConfigError`] naming the key; and the interface parameters a `Config` yields.
 
 use crate::iface::recovery::Policy;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -63,6 +63,8 @@ pub struct Config {
     pub allow_faults: bool,
     /// What a failed CQ poll does.
     pub poll_failure: PollFailurePolicy,
+    /// Where to serve `GET /metrics`, if anywhere.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// The restart policy's defaults ([`Policy`] lives with the restart machine).
@@ -367,6 +369,13 @@ impl Config {
             });
         }
         let control = f.control.unwrap_or_else(|| default_control_path(&tap));
+        let metrics_listen = match f.metrics_listen.as_deref() {
+            None => None,
+            Some(s) => Some(s.parse::<SocketAddr>().map_err(|_| ConfigError::Invalid {
+                key: "metrics-listen",
+                why: format!("{s:?} is not a socket address (e.g. 127.0.0.1:9464 or [::1]:9464)"),
+            })?),
+        };
         Ok(Config {
             device,
             port,
@@ -389,6 +398,7 @@ impl Config {
             tap_offload: f.tap_offload.unwrap_or(DEFAULT_TAP_OFFLOAD),
             allow_faults,
             poll_failure,
+            metrics_listen,
             restart: Policy {
                 max_restarts,
                 window: Duration::from_secs(window_s),
@@ -446,6 +456,9 @@ impl Config {
                 "refused"
             }
         );
+        if let Some(m) = self.metrics_listen {
+            let _ = writeln!(t, "  serve metrics at http://{m}/metrics");
+        }
         let _ = writeln!(
             t,
             "  poll: budget {}, {} completions per poll_cq, {} TAP frames per turn; on a failed poll: {}",
