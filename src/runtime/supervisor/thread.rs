@@ -259,7 +259,7 @@ impl SupervisorThread {
             }
             Action::Dead { why, record } => {
                 tracing::error!(iface = %self.s.name, %why, "circuit breaker tripped: interface declared dead; `uipoib restart` revives it");
-                self.push_record(record);
+                self.push_record(record, false);
                 if let Ok(mut st) = self.s.status.lock() {
                     st.state = "dead".into();
                     st.dead_reason = Some(why);
@@ -403,9 +403,6 @@ impl SupervisorThread {
     /// A restart is complete: count it, say it, record it.
     fn recovered(&mut self, record: RestartRecord) {
         stats::add(&self.s.stats.restarts, 1);
-        if let Ok(mut st) = self.s.status.lock() {
-            st.restarts += 1;
-        }
         tracing::info!(
             iface = %self.s.name, epoch = record.epoch, recovery_ms = record.recovery_ms,
             kept_device = record.kept_device, reaped = record.wr_reaped,
@@ -413,11 +410,17 @@ impl SupervisorThread {
             ledger_balanced = record.ledger_balanced, phases = ?record.phases,
             "interface running again"
         );
-        self.push_record(record);
+        // The count and its record change together: a reader of `status` that sees the
+        // new count sees the new record (a client takes the last `restarts - n` records
+        // as the restarts since it looked).
+        self.push_record(record, true);
     }
 
-    fn push_record(&self, r: RestartRecord) {
+    fn push_record(&self, r: RestartRecord, counted: bool) {
         if let Ok(mut st) = self.s.status.lock() {
+            if counted {
+                st.restarts += 1;
+            }
             st.history.push(r);
             if st.history.len() > HISTORY_LEN {
                 st.history.remove(0);
