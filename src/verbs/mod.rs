@@ -1,7 +1,7 @@
 //! The verbs boundary.
 //!
 //! Everything above this module talks to an RDMA device through the [`Provider`] and
-//! [`Endpoint`] traits defined here, never through `rdma-sys` types. Two providers exist:
+//! [`Endpoint`] traits defined here, never through libibverbs types. Two providers exist:
 //! [`rdma::RdmaProvider`] over libibverbs (the FFI; with [`crate::sys`], the only code
 //! allowed `unsafe`), and `sim::SimFabric`, a
 //! deterministic in-process fabric that is a test double for tests and benches (nothing

@@ -1,4 +1,4 @@
-//! The real provider over libibverbs (rdma-sys).
+//! The real provider over libibverbs (bindings generated from the system headers: `ffi`).
 //!
 //! This module owns every `unsafe` line of the crate. It turns an [`EndpointConfig`] into
 //! a [`RdmaEndpoint`]: device context, protection domain, one registered buffer region,
@@ -32,6 +32,7 @@
 mod cm;
 mod device;
 mod endpoint;
+mod ffi;
 mod objects;
 
 use std::sync::Arc;

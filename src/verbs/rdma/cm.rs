@@ -569,10 +569,16 @@ mod tests {
         assert_eq!(map_cm_event(14), AsyncEvent::Other(0x10e));
         assert_eq!(
             CM_EVENT_DEVICE_REMOVAL,
-            rdma_sys::rdma_cm_event_type::RDMA_CM_EVENT_DEVICE_REMOVAL
+            crate::verbs::rdma::ffi::rdma_cm_event_type::RDMA_CM_EVENT_DEVICE_REMOVAL
         );
-        assert_eq!(u32::from(PS_UDP), rdma_sys::rdma_port_space::RDMA_PS_UDP);
-        assert_eq!(u32::from(QPT_UD), rdma_sys::ibv_qp_type::IBV_QPT_UD);
+        assert_eq!(
+            u32::from(PS_UDP),
+            crate::verbs::rdma::ffi::rdma_port_space::RDMA_PS_UDP
+        );
+        assert_eq!(
+            u32::from(QPT_UD),
+            crate::verbs::rdma::ffi::ibv_qp_type::IBV_QPT_UD
+        );
     }
 
     #[test]

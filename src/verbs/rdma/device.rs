@@ -6,7 +6,7 @@ use std::ffi::CStr;
 use std::os::raw::c_int;
 use std::path::PathBuf;
 
-use rdma_sys::*;
+use super::ffi::*;
 
 use super::objects::{Context, TeardownLog, last_errno, zeroed};
 use crate::verbs::{Gid, VerbsError};
@@ -254,7 +254,7 @@ fn gid_attr_path(device: &str, port: u8, attr: &str, index: u8) -> PathBuf {
         .join(index.to_string())
 }
 
-/// Read the type of GID `index` (there is no `ibv_query_gid_type` in rdma-sys).
+/// Read the type of GID `index` (sysfs: `ibv_query_gid_ex`, which also has it, is newer than rdma-core 44's `ibv_query_gid` path used here).
 fn read_gid_type(device: &str, port: u8, index: u8) -> GidType {
     match std::fs::read_to_string(gid_attr_path(device, port, "types", index)) {
         Ok(text) => GidType::parse(&text),

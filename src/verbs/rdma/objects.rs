@@ -16,7 +16,7 @@ use std::ptr::{self, NonNull};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use rdma_sys::*;
+use super::ffi::*;
 
 use crate::verbs::{GRH_LEN, VerbsError};
 
@@ -28,7 +28,7 @@ use crate::verbs::{GRH_LEN, VerbsError};
 /// function pointers and unions/arrays of those.
 pub(super) unsafe trait Pod: Sized {}
 
-// SAFETY: each of these is a bindgen or rdma-sys `repr(C)` struct/union of integers,
+// SAFETY: each of these is a bindgen-generated `repr(C)` struct/union of integers,
 // raw pointers and unions of those; all-zero is a valid value (null pointers, 0 ints).
 unsafe impl Pod for ibv_port_attr {}
 // SAFETY: as above.

@@ -6,7 +6,7 @@ use std::io;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
 
-use rdma_sys::*;
+use crate::verbs::rdma::ffi::*;
 
 use super::super::objects::{last_errno, ret_errno, zeroed};
 use super::RdmaEndpoint;
@@ -177,8 +177,8 @@ impl RdmaEndpoint {
             wr.num_sge = 1;
             wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
             wr.send_flags = flags;
-            wr.wr = wr_t {
-                ud: ud_t {
+            wr.wr = ibv_send_wr_wr {
+                ud: ibv_send_wr_ud {
                     ah,
                     remote_qpn: w.dest.qpn,
                     remote_qkey: w.dest.qkey,

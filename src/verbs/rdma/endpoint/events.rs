@@ -6,7 +6,7 @@
 use std::os::raw::{c_int, c_void};
 use std::ptr;
 
-use rdma_sys::*;
+use crate::verbs::rdma::ffi::*;
 
 use super::super::cm::{self, CM_EVENT_DEVICE_REMOVAL};
 use super::super::objects::last_errno;
@@ -141,8 +141,9 @@ impl RdmaEndpoint {
     }
 }
 
-/// `ibv_async_event` with the event type read as a plain integer: rdma-sys declares it
-/// a Rust enum, and a kernel newer than its bindings may report a value outside it.
+/// `ibv_async_event` with the event type read as a plain integer: the bindings declare
+/// it a Rust enum, and a kernel newer than the headers they came from may report a value
+/// outside it.
 #[repr(C)]
 struct RawAsyncEvent {
     element: RawAsyncElement,
@@ -251,7 +252,7 @@ mod tests {
     #[test]
     fn object_events_count_only_for_the_live_objects() {
         // The types that name a QP or CQ, from <infiniband/verbs.h>.
-        use rdma_sys::ibv_event_type as t;
+        use crate::verbs::rdma::ffi::ibv_event_type as t;
         for ty in [
             t::IBV_EVENT_CQ_ERR,
             t::IBV_EVENT_QP_FATAL,
@@ -266,7 +267,12 @@ mod tests {
             t::IBV_EVENT_QP_LAST_WQE_REACHED,
             t::IBV_EVENT_WQ_FATAL,
         ] {
-            assert_eq!(element_kind(ty as u32), Element::Object, "{ty:?}");
+            assert_eq!(
+                element_kind(ty as u32),
+                Element::Object,
+                "event type {}",
+                ty as u32
+            );
         }
         for ty in [
             t::IBV_EVENT_DEVICE_FATAL,
@@ -278,7 +284,12 @@ mod tests {
             t::IBV_EVENT_CLIENT_REREGISTER,
             t::IBV_EVENT_GID_CHANGE,
         ] {
-            assert_eq!(element_kind(ty as u32), Element::None, "{ty:?}");
+            assert_eq!(
+                element_kind(ty as u32),
+                Element::None,
+                "event type {}",
+                ty as u32
+            );
         }
         assert_eq!(EV_GID_CHANGE, t::IBV_EVENT_GID_CHANGE as u32);
         // A QP_FATAL: a restart only when it is the live QP's.

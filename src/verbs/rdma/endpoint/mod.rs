@@ -36,7 +36,7 @@ use std::os::raw::c_void;
 use std::sync::Arc;
 use std::time::Instant;
 
-use rdma_sys::*;
+use crate::verbs::rdma::ffi::*;
 
 use super::cm::RemovalWatcher;
 use super::objects::{

@@ -5,7 +5,7 @@ use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, UdpSocket};
 use std::os::raw::c_int;
 
-use rdma_sys::*;
+use crate::verbs::rdma::ffi::*;
 
 use super::super::device::{self, LINK_LAYER_ETHERNET};
 use super::super::objects::{Qp, ret_errno};

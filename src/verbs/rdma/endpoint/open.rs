@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use rdma_sys::*;
+use crate::verbs::rdma::ffi::*;
 
 use super::super::cm::{self, RemovalWatcher};
 use super::super::device::{self, GidChoice};

@@ -5,7 +5,7 @@
 use std::io;
 use std::time::Instant;
 
-use rdma_sys::*;
+use crate::verbs::rdma::ffi::*;
 
 use super::super::device;
 use super::super::objects::{Cq, ret_errno};
