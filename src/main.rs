@@ -748,10 +748,11 @@ fn man_pages(dir: Option<&std::path::Path>) -> ExitCode {
     use clap::CommandFactory as _;
     let cmd = Cli::command();
     let Some(dir) = dir else {
-        return match clap_mangen::Man::new(cmd).render(&mut std::io::stdout()) {
-            Ok(()) => ExitCode::SUCCESS,
+        let mut page = Vec::new();
+        return match clap_mangen::Man::new(cmd).render(&mut page) {
+            Ok(()) => write_stdout(&page),
             Err(e) => {
-                eprintln!("uipoib: writing the man page: {e}");
+                eprintln!("uipoib: rendering the man page: {e}");
                 ExitCode::from(1)
             }
         };
@@ -849,8 +850,11 @@ fn main() -> ExitCode {
         }
         Cmd::Completions { shell } => {
             use clap::CommandFactory as _;
-            clap_complete::generate(shell, &mut Cli::command(), "uipoib", &mut std::io::stdout());
-            ExitCode::SUCCESS
+            // Into a buffer first: clap_complete panics on a write error, and a reader that
+            // stops early (`| head`) is not one.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "uipoib", &mut script);
+            write_stdout(&script)
         }
         Cmd::Man { dir } => man_pages(dir.as_deref()),
         Cmd::Stats(a) if a.prometheus => prometheus(&a.q),
@@ -873,6 +877,21 @@ fn main() -> ExitCode {
         }
         #[cfg(feature = "sim")]
         Cmd::SimPair(a) => sim_pair(a),
+    }
+}
+
+/// Write `bytes` to stdout: a reader that went away (EPIPE) ends the command quietly with
+/// success, as `cat` does; any other write error is named.
+fn write_stdout(bytes: &[u8]) -> ExitCode {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("uipoib: writing to stdout: {e}");
+            ExitCode::from(1)
+        }
     }
 }
 

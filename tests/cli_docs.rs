@@ -75,3 +75,26 @@ fn man_pages_for_the_command_and_every_subcommand() {
     assert!(page.contains(".TH"), "{}", &page[..page.len().min(200)]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A reader that stops early (`uipoib completions bash | head -1`) ends the command with
+/// success and nothing on stderr, not a panic about a broken pipe. Here the reader is gone
+/// before the first write, so every write fails with EPIPE.
+#[test]
+fn a_reader_that_closes_early_is_not_an_error() {
+    for args in [&["completions", "bash"][..], &["man"][..]] {
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        let out = Command::new(env!("CARGO_BIN_EXE_uipoib"))
+            .args(args)
+            .stdout(writer)
+            .output()
+            .expect("run uipoib");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "{args:?}: {:?}, stderr: {stderr}",
+            out.status
+        );
+        assert!(stderr.is_empty(), "{args:?}: {stderr}");
+    }
+}
