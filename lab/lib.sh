@@ -446,7 +446,9 @@ lab_vm_run() {
 	LAB__PIDS=("$pa" "$pb")
 
 	local timed_out=
+	LAB__SEEN=()
 	while kill -0 "$pa" 2>/dev/null || kill -0 "$pb" 2>/dev/null; do
+		lab__progress "$out" "$start" a b
 		if ((SECONDS - start >= timeout)); then
 			timed_out=1
 			lab_log "TIMEOUT after ${timeout}s; killing the guests"
@@ -454,6 +456,7 @@ lab_vm_run() {
 		fi
 		sleep 1
 	done
+	lab__progress "$out" "$start" a b
 	lab__kill_guests
 
 	local fail=0
@@ -535,11 +538,14 @@ lab_vm_hosts() {
 	done
 
 	local timed_out='' alive pid
+	LAB__SEEN=()
 	while :; do
 		alive=
 		for pid in "${pids[@]}"; do
 			kill -0 "$pid" 2>/dev/null && alive=1
 		done
+		# shellcheck disable=SC2046 # the guest names, one word each
+		lab__progress "$out" "$start" $(seq -f 'h%g' 1 "$n")
 		[[ -n $alive ]] || break
 		if ((SECONDS - start >= timeout)); then
 			timed_out=1
@@ -562,6 +568,23 @@ lab_vm_hosts() {
 # What the entry points share around a run: the build, the guests' copies of the
 # binaries, the kernel's name, the report.
 
+# lab__progress OUTDIR START ROLE...: print each guest's steps as they begin (the
+# `=== [ROLE HH:MM:SS] step` lines its script writes to OUTDIR/ROLE.log), once each, with
+# the seconds since START. LAB__SEEN[ROLE] counts the lines already printed.
+declare -gA LAB__SEEN=()
+lab__progress() {
+	local out=$1 start=$2 r i lines
+	shift 2
+	for r in "$@"; do
+		[[ -f $out/$r.log ]] || continue
+		mapfile -t lines < <(grep -a '^=== \[' "$out/$r.log" 2>/dev/null || true)
+		for ((i = ${LAB__SEEN[$r]:-0}; i < ${#lines[@]}; i++)); do
+			lab_log "+$((SECONDS - start))s $(sed -E 's/^=== \[([^ ]+) [0-9:]+\] /\1: /' <<<"${lines[i]}")"
+		done
+		LAB__SEEN[$r]=${#lines[@]}
+	done
+}
+
 # lab_target_dir: cargo's target directory of the repo (CARGO_TARGET_DIR is honoured).
 lab_target_dir() {
 	(cd "$LAB_REPO_ROOT" && cargo metadata --format-version 1 --no-deps 2>/dev/null |
@@ -574,12 +597,28 @@ lab_target_dir() {
 lab_cargo_build() {
 	local log=$1 rc=0
 	shift
-	if ! command -v cargo >/dev/null; then
-		echo "FAILED: cargo not found on PATH (install a Rust toolchain, e.g. rustup)"
+	local why
+	if ! why=$("$LAB_REPO_ROOT/scripts/need-rust" 2>&1); then
+		echo "FAILED: $why"
 		return
 	fi
 	lab_log "cargo build $* in $LAB_REPO_ROOT (log: $log)"
-	(cd "$LAB_REPO_ROOT" && cargo build "$@") >>"$log" 2>&1 || rc=$?
+	local t0=$SECONDS pid n last=-1
+	(cd "$LAB_REPO_ROOT" && cargo build "$@") >>"$log" 2>&1 &
+	pid=$!
+	# Progress every 10 s while it builds: crates compiled so far and the latest.
+	while kill -0 "$pid" 2>/dev/null; do
+		sleep 1
+		if (((SECONDS - t0) % 10 == 0)) && kill -0 "$pid" 2>/dev/null; then
+			n=$(grep -c '^ *Compiling ' "$log" || true)
+			if ((n != last)); then
+				lab_log "building ($((SECONDS - t0))s): $n crates compiled, now $(grep '^ *Compiling ' "$log" | tail -n1 | awk '{print $2, $3}')"
+				last=$n
+			fi
+		fi
+	done
+	wait "$pid" || rc=$?
+	lab_log "cargo build $* finished in $((SECONDS - t0))s (exit $rc)"
 	if ((rc == 0)); then
 		echo ok
 	else
