@@ -133,9 +133,16 @@ struct Watch {
 }
 
 impl Watch {
+    /// Every 0.2 s unless `extra` gives `--interval`.
     fn start(ctl: &Path, extra: &[&str]) -> Watch {
+        let every: &[&str] = if extra.contains(&"--interval") {
+            &[]
+        } else {
+            &["--interval", "0.2"]
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_uipoib"))
-            .args(["stats", "--watch", "--interval", "0.2"])
+            .args(["stats", "--watch"])
+            .args(every)
             .args(extra)
             .arg("--control")
             .arg(ctl)
@@ -163,7 +170,12 @@ impl Watch {
             let left = end.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
                 Ok(l) => got.push(l),
-                Err(_) => panic!("within {within:?}, only: {got:#?}"),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    panic!("stats --watch ended its output early, after: {got:#?}")
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("within {within:?}, only: {got:#?}")
+                }
             }
         }
         got
@@ -324,5 +336,169 @@ fn stats_watch_fails_naming_the_socket_when_the_daemon_goes_away() {
         err.contains("stopped answering") && err.contains(ctl.to_str().unwrap()),
         "{err}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Why the whole-daemon test cannot run here, if it cannot.
+fn missing_prerequisite() -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let uid0 = status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .is_some_and(|l| l.split_whitespace().nth(2) == Some("0"));
+    if !uid0 {
+        return Some("not running as root (network namespaces and TAP devices need it)".into());
+    }
+    if !Path::new("/dev/net/tun").exists() {
+        return Some("/dev/net/tun is missing".into());
+    }
+    for tool in ["ip", "ping"] {
+        if Command::new(tool).arg("-V").output().is_err() {
+            return Some(format!("{tool} is not installed"));
+        }
+    }
+    None
+}
+
+fn is_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
+}
+
+struct Netns(String);
+
+impl Netns {
+    fn new(name: String) -> Netns {
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        let st = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .unwrap();
+        assert!(st.success(), "ip netns add {name}");
+        Netns(name)
+    }
+
+    fn exec(&self, args: &[&str]) -> std::process::Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.0])
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn json_of(args: &[&str], ctl: &Path) -> serde_json::Value {
+    let (code, out, err) = uipoib(args, ctl);
+    assert_eq!(code, Some(0), "uipoib {args:?}: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+#[test]
+fn a_sim_pair_daemon_lists_its_neighbour_and_watches_its_rates() {
+    if let Some(why) = missing_prerequisite() {
+        assert!(!is_ci(), "neigh_cli cannot run in CI: {why}");
+        eprintln!("SKIPPED neigh_cli sim-pair: {why}");
+        return;
+    }
+    let id = std::process::id() % 10_000;
+    let na = Netns::new(format!("uipn-a-{id}"));
+    let nb = Netns::new(format!("uipn-b-{id}"));
+    let (tap_a, tap_b) = (format!("na{id}"), format!("nb{id}"));
+    let dir = tmp_dir("pair");
+    let (ctl_a, ctl_b) = (dir.join("a.sock"), dir.join("b.sock"));
+    let daemon = Daemon(
+        Command::new(env!("CARGO_BIN_EXE_uipoib"))
+            .args(["sim-pair", "--netns-a", &na.0, "--netns-b", &nb.0])
+            .args(["--tap-a", &tap_a, "--tap-b", &tap_b])
+            .args(["--addr-a", "198.18.2.1/24", "--addr-a", "2001:2:0:2::1/64"])
+            .args(["--addr-b", "198.18.2.2/24", "--addr-b", "2001:2:0:2::2/64"])
+            .arg("--control-a")
+            .arg(&ctl_a)
+            .arg("--control-b")
+            .arg(&ctl_b)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // Up once B answers a ping (IPv6 waits for duplicate address detection).
+    let end = Instant::now() + Duration::from_secs(8);
+    for args in [
+        &["ping", "-c", "1", "-W", "1", "198.18.2.2"][..],
+        &["ping", "-6", "-c", "1", "-W", "1", "2001:2:0:2::2"][..],
+    ] {
+        while !na.exec(args).status.success() {
+            assert!(Instant::now() < end, "{args:?} never answered");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let peer = json_of(&["status", "--json"], &ctl_b);
+    // Published at the next housekeeping (once a second).
+    let end = Instant::now() + Duration::from_secs(3);
+    let entry = loop {
+        let v = json_of(&["neigh", "--json"], &ctl_a);
+        if let Some(e) = v.as_array().and_then(|a| {
+            a.iter()
+                .find(|e| e["addrs"].as_array().is_some_and(|a| a.len() == 2))
+        }) {
+            break e.clone();
+        }
+        assert!(
+            Instant::now() < end,
+            "B never listed with both addresses: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(
+        entry["addrs"],
+        serde_json::json!(["198.18.2.2", "2001:2:0:2::2"]),
+        "{entry}"
+    );
+    assert_eq!(entry["qpn"], peer["qpn"], "{entry} vs {peer}");
+    assert_eq!(entry["gid"], peer["gid"], "{entry} vs {peer}");
+    assert_eq!(entry["ah"], "ready", "sent to: {entry}");
+    let (code, text, err) = uipoib(&["neigh"], &ctl_a);
+    assert_eq!(code, Some(0), "{err}");
+    let want = format!(
+        "198.18.2.2,2001:2:0:2::2 lladdr {} gid {} qpn {} ah ready",
+        entry["mac"].as_str().unwrap(),
+        peer["gid"].as_str().unwrap(),
+        peer["qpn"]
+    );
+    assert!(text.starts_with(&want), "{text}\nwant {want}");
+    eprintln!("uipoib neigh (of {tap_a}):\n{text}");
+
+    // Traffic while watching: pings every 20 ms for 3 s.
+    let ping = Command::new("ip")
+        .args([
+            "netns", "exec", &na.0, "ping", "-q", "-i", "0.02", "-w", "3",
+        ])
+        .arg("198.18.2.2")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _ping = Daemon(ping);
+    let w = Watch::start(&ctl_a, &["--interval", "0.5"]);
+    let lines = w.until(Duration::from_secs(4), |l| {
+        blocks_with_rate(l, "tx_packets") >= 2
+    });
+    eprintln!("uipoib stats --watch --interval 0.5:\n{}", lines.join("\n"));
+    w.term();
+    assert_eq!(w.wait(Duration::from_secs(3)).0, Some(0));
+    drop(daemon);
     let _ = std::fs::remove_dir_all(&dir);
 }

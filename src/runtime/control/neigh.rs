@@ -7,7 +7,7 @@
 //! listed only beyond [`NEIGH_LISTED`](crate::iface::neigh::NEIGH_LISTED), the most
 //! recently heard being listed), address handles of peers gone that wait for their last
 //! sends, and the age of the snapshot (`null` before the first housekeeping). Each ENTRY
-//! has the fields of [`NEIGH_FIELDS`], always all of them, in that order.
+//! has the fields of [`NEIGH_FIELDS`], always all of them (serialized with sorted keys).
 
 use std::fmt::Write as _;
 use std::time::Instant;
@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use crate::iface::neigh::{NeighEntry, NeighSnapshot};
 
-/// The fields of one `neigh` entry, in order, with what each holds (the list
+/// The fields of one `neigh` entry with what each holds (the list
 /// `uipoib neigh --help` and the README show).
 pub const NEIGH_FIELDS: &[(&str, &str)] = &[
     (

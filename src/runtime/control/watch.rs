@@ -471,4 +471,35 @@ mod tests {
         assert!(v.contains(&("rx_packets".into(), 4)));
         assert!(v.contains(&("drops.tx_no_route".into(), 2)));
     }
+
+    #[test]
+    fn on_a_terminal_each_interval_clears_and_redraws() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("uipoib-watch-tty-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let path = dir.join("c.sock");
+        let _srv = super::super::ControlServer::start_bare(&path, None).unwrap();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(450));
+            s2.store(true, Ordering::SeqCst);
+        });
+        let mut out = Vec::new();
+        let started = Instant::now();
+        run(&path, MIN_INTERVAL * 2, Mode::Terminal, &stop, &mut out).unwrap();
+        t.join().unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "stopped promptly"
+        );
+        let text = String::from_utf8(out).unwrap();
+        let frames: Vec<&str> = text.split("\x1b[H\x1b[2J").collect();
+        assert_eq!(frames[0], "", "every frame starts with the clear: {text:?}");
+        assert!(frames.len() >= 3, "two redraws or more: {text:?}");
+        assert!(frames[1].contains("counter") && frames[1].contains(path.to_str().unwrap()));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
