@@ -85,6 +85,15 @@ enum Cmd {
     Stats(StatsArgs),
     /// Print a running daemon's state and restart history.
     Status(QueryArgs),
+    /// Print a running daemon's neighbour table, one line per peer, like `ip neigh`:
+    /// its addresses (IPv4 first, then IPv6), the MAC the TAP knows it by, its GID and
+    /// QPN, its address handle (none or ready, and the sends in flight on it), when it
+    /// was last heard from and sent to, and its state (REACHABLE, STALE or PROBE). Every
+    /// entry is learned from ARP or neighbour discovery; there are no static entries.
+    /// The table is as the datapath last published it (at most a second old). An empty
+    /// table prints nothing.
+    #[command(after_help = neigh_after_help())]
+    Neigh(QueryArgs),
     /// Ask a running daemon to restart its interface (also revives a dead one).
     Restart(QueryArgs),
     /// Print a shell completion script (e.g. `uipoib completions bash >
@@ -210,6 +219,23 @@ struct StatsArgs {
     /// from `uipoib status`.
     #[arg(long, conflicts_with = "json")]
     prometheus: bool,
+    /// Print, every interval, each counter that changed with its total and its rate per
+    /// second (a gauge: how far it moved; a counter that went down, as after a daemon
+    /// restart: `reset`). On a terminal the screen is redrawn; otherwise one block per
+    /// interval after a timestamp line; with --json one object per interval. Ends on
+    /// Ctrl-C or SIGTERM (exit 0), or when the daemon goes away (exit 1).
+    #[arg(long, conflicts_with = "prometheus")]
+    watch: bool,
+    /// Seconds between two samples of --watch (fractions allowed, 0.1 to 3600).
+    #[arg(long, value_name = "SECS", requires = "watch", value_parser = control::watch::parse_interval, default_value = "1")]
+    interval: std::time::Duration,
+}
+
+fn neigh_after_help() -> String {
+    format!(
+        "With --json: a JSON array, one object per peer with these fields (always all of them):\n{}",
+        control::neigh::fields_help()
+    )
 }
 
 #[derive(Subcommand)]
@@ -858,8 +884,10 @@ fn main() -> ExitCode {
         }
         Cmd::Man { dir } => man_pages(dir.as_deref()),
         Cmd::Stats(a) if a.prometheus => prometheus(&a.q),
+        Cmd::Stats(a) if a.watch => watch(&a),
         Cmd::Stats(a) => query(&a.q, "stats"),
         Cmd::Status(q) => query(&q, "status"),
+        Cmd::Neigh(q) => neigh(&q),
         Cmd::Restart(q) => query(&q, "restart"),
         Cmd::Fault(FaultCmd::Clear(q)) => query(&q, "clear"),
         Cmd::Fault(FaultCmd::Show(q)) => query(&q, "faults"),
@@ -956,6 +984,62 @@ fn query(q: &QueryArgs, cmd: &str) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(code) => code,
+    }
+}
+
+/// `uipoib neigh`: the neighbour table, as lines or (`--json`) as an array.
+fn neigh(q: &QueryArgs) -> ExitCode {
+    match ask(q, &serde_json::json!({ "cmd": "neigh" })) {
+        Ok(v) => {
+            if q.json {
+                println!("{}", v["neigh"]);
+            } else {
+                print!("{}", control::neigh::text(&v));
+            }
+            let (total, listed) = (
+                v["total"].as_u64().unwrap_or(0),
+                v["neigh"].as_array().map_or(0, Vec::len) as u64,
+            );
+            if total > listed {
+                eprintln!(
+                    "uipoib: {listed} of {total} neighbours listed (the most recently heard)"
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
+/// `uipoib stats --watch`: until Ctrl-C or SIGTERM (exit 0) or the daemon goes away.
+fn watch(a: &StatsArgs) -> ExitCode {
+    use control::watch::Mode;
+    use std::io::IsTerminal as _;
+    let Some(path) = daemon::control_path(a.q.tap.as_deref(), a.q.control.clone()) else {
+        eprintln!("uipoib: give --tap or --control");
+        return ExitCode::from(2);
+    };
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        if let Err(e) = signal_hook::flag::register(sig, stop.clone()) {
+            eprintln!("uipoib: installing signal handlers: {e}");
+            return ExitCode::from(1);
+        }
+    }
+    let stdout = std::io::stdout();
+    let mode = if a.q.json {
+        Mode::Json
+    } else if stdout.is_terminal() {
+        Mode::Terminal
+    } else {
+        Mode::Plain
+    };
+    match control::watch::run(&path, a.interval, mode, &stop, &mut stdout.lock()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("uipoib: stats --watch: {e}");
+            ExitCode::from(1)
+        }
     }
 }
 

@@ -314,6 +314,7 @@ fn fake_daemon_process() {
             epoch: 1,
             ..Status::default()
         })),
+        Default::default(),
         None,
         Some(Arc::new(FaultSwitch::default())),
     )

@@ -554,6 +554,7 @@ fn inject_and_clear_over_the_control_socket() {
         &path,
         a.stats.clone(),
         a.status.clone(),
+        Default::default(),
         Some(a.sup().orders()),
         Some(switch.clone()),
     )

@@ -20,8 +20,10 @@
 //!
 //! Pure: time comes in as an argument; verbs calls are returned as decisions.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::verbs::AhHandle;
@@ -33,6 +35,14 @@ pub const PEER_ADDR6: usize = 4;
 
 /// How often an ARP request or neighbour solicitation may be sent to re-resolve the same address.
 pub const RESOLVE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A peer heard from within this long is reachable; one silent longer is stale (and,
+/// while it is being sent to, re-resolved: the interface's `PEER_SILENT_PROBE`).
+pub const REACHABLE_TIME: Duration = Duration::from_secs(3);
+
+/// Most peers a [`NeighSnapshot`] lists (the most recently heard); the table may hold
+/// more (`neigh-capacity`), and the snapshot says how many ([`NeighSnapshot::total`]).
+pub const NEIGH_LISTED: usize = 4096;
 
 /// One peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,6 +59,124 @@ pub struct Peer {
     pub ip6: [Option<Ipv6Addr>; PEER_ADDR6],
     /// Last time a frame was sent to it.
     pub last_used: Option<Instant>,
+}
+
+/// One peer as [`Neighbours::snapshot`] copied it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NeighEntry {
+    /// The MAC the TAP knows it by (derived from its GID).
+    pub mac: Mac,
+    /// Its IPoIB address (QPN and GID).
+    pub hw: IpoibAddr,
+    /// Its IPv4 address.
+    pub ip: Option<Ipv4Addr>,
+    /// Its IPv6 addresses, oldest first.
+    pub ip6: [Option<Ipv6Addr>; PEER_ADDR6],
+    /// Whether an address handle has been created for it (on first send).
+    pub ah: bool,
+    /// Sends posted on its address handle and not completed yet.
+    pub ah_inflight: u32,
+    /// Last time it was heard from.
+    pub last_seen: Instant,
+    /// Last time a frame was sent to it.
+    pub last_used: Option<Instant>,
+    /// An ARP request or neighbour solicitation for one of its addresses was sent
+    /// within [`RESOLVE_INTERVAL`] (it is being re-resolved).
+    pub resolving: bool,
+}
+
+/// Where a peer stands, in `ip neigh`'s words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NeighState {
+    /// Heard from within [`REACHABLE_TIME`].
+    Reachable,
+    /// Silent for longer, not being re-resolved.
+    Stale,
+    /// Being re-resolved (an ARP request or solicitation is out).
+    Probe,
+}
+
+impl NeighState {
+    /// Its name in `uipoib neigh` (upper case, as `ip neigh` prints it).
+    pub fn name(self) -> &'static str {
+        match self {
+            NeighState::Reachable => "REACHABLE",
+            NeighState::Stale => "STALE",
+            NeighState::Probe => "PROBE",
+        }
+    }
+}
+
+impl NeighEntry {
+    /// Every address it holds: the IPv4 one first, then the IPv6 ones oldest first.
+    pub fn addrs(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.ip
+            .map(IpAddr::V4)
+            .into_iter()
+            .chain(self.ip6.iter().flatten().map(|a| IpAddr::V6(*a)))
+    }
+
+    /// Its state at `now`.
+    pub fn state(&self, now: Instant) -> NeighState {
+        if self.resolving {
+            NeighState::Probe
+        } else if now.saturating_duration_since(self.last_seen) < REACHABLE_TIME {
+            NeighState::Reachable
+        } else {
+            NeighState::Stale
+        }
+    }
+
+    /// Listing order: peers with an IPv4 address first by it, then by first IPv6
+    /// address, then by MAC.
+    fn sort_key(&self) -> (Option<IpAddr>, Mac) {
+        (self.addrs().next(), self.mac)
+    }
+}
+
+/// A bounded copy of the neighbour table, published by the poller at housekeeping.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NeighSnapshot {
+    /// When it was taken; `None` before the first.
+    pub taken: Option<Instant>,
+    /// The peers listed (at most [`NEIGH_LISTED`]), sorted by address.
+    pub entries: Vec<NeighEntry>,
+    /// Peers in the table (more than listed when the table is larger).
+    pub total: usize,
+    /// Address handles of peers gone, waiting for their last send to complete.
+    pub retiring: usize,
+    /// Sends in flight on those retiring address handles.
+    pub retiring_inflight: u64,
+}
+
+/// Where the poller publishes the [`NeighSnapshot`] and the control socket reads it:
+/// one short lock each, once per housekeeping and once per request, never per packet.
+#[derive(Clone, Default)]
+pub struct NeighView(Arc<Mutex<Arc<NeighSnapshot>>>);
+
+impl std::fmt::Debug for NeighView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NeighView")
+    }
+}
+
+impl NeighView {
+    /// Replace the published snapshot (the old one is freed outside the lock, or by
+    /// the last reader still holding it).
+    pub fn publish(&self, snap: NeighSnapshot) {
+        let snap = Arc::new(snap);
+        let old = {
+            let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            std::mem::replace(&mut *g, snap)
+        };
+        drop(old);
+    }
+
+    /// The published snapshot (shared, not copied: the lock is held for a reference
+    /// count).
+    pub fn read(&self) -> Arc<NeighSnapshot> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 /// What [`Neighbours::learn`] did.
@@ -417,6 +545,70 @@ impl Neighbours {
                 self.resolving.insert(ip, now);
                 true
             }
+        }
+    }
+
+    /// A copy of the table for readers off the datapath (`uipoib neigh`): at most
+    /// `limit` peers, the most recently heard ones, sorted by address. Called at
+    /// housekeeping, never per packet; it allocates.
+    pub fn snapshot(&self, now: Instant, limit: usize) -> NeighSnapshot {
+        let pick: Vec<Mac> = if self.peers.len() <= limit {
+            self.peers.keys().copied().collect()
+        } else {
+            // The `limit` most recently heard, in O(n log limit) and `limit` memory.
+            let mut heap: BinaryHeap<Reverse<(Instant, Mac)>> = BinaryHeap::with_capacity(limit);
+            for (mac, p) in &self.peers {
+                if heap.len() < limit {
+                    heap.push(Reverse((p.last_seen, *mac)));
+                } else if let Some(Reverse((oldest, _))) = heap.peek()
+                    && p.last_seen > *oldest
+                {
+                    heap.pop();
+                    heap.push(Reverse((p.last_seen, *mac)));
+                }
+            }
+            heap.into_iter().map(|Reverse((_, m))| m).collect()
+        };
+        let mut entries: Vec<NeighEntry> = pick
+            .into_iter()
+            .filter_map(|mac| {
+                let p = self.peers.get(&mac)?;
+                let resolving =
+                    p.ip.map(IpAddr::V4)
+                        .into_iter()
+                        .chain(p.ip6.iter().flatten().map(|a| IpAddr::V6(*a)))
+                        .any(|ip| {
+                            self.resolving.get(&ip).is_some_and(|t| {
+                                now.saturating_duration_since(*t) < RESOLVE_INTERVAL
+                            })
+                        });
+                Some(NeighEntry {
+                    mac,
+                    hw: p.hw,
+                    ip: p.ip,
+                    ip6: p.ip6,
+                    ah: p.ah.is_some(),
+                    ah_inflight: p
+                        .ah
+                        .and_then(|ah| self.inflight.get(&ah).copied())
+                        .unwrap_or(0),
+                    last_seen: p.last_seen,
+                    last_used: p.last_used,
+                    resolving,
+                })
+            })
+            .collect();
+        entries.sort_by_key(NeighEntry::sort_key);
+        NeighSnapshot {
+            taken: Some(now),
+            total: self.peers.len(),
+            retiring: self.retiring.len(),
+            retiring_inflight: self
+                .retiring
+                .iter()
+                .map(|ah| u64::from(self.inflight.get(ah).copied().unwrap_or(0)))
+                .sum(),
+            entries,
         }
     }
 
@@ -813,5 +1005,70 @@ mod tests {
         // Eviction forgets every address of the peer.
         n.expire(t0 + Duration::from_secs(60), &mut d);
         assert_eq!((n.len(), n.ip_entries(), n.ip6_entries()), (0, 0, 0));
+    }
+
+    #[test]
+    fn snapshot_lists_addresses_ah_and_state_and_is_bounded() {
+        let t0 = Instant::now();
+        let mut n = Neighbours::new(8, Duration::from_secs(60));
+        let mut d = vec![];
+        let (m2, _) = n.learn(Some(ip(2)), hw(2, 17), Trust::Create, t0, &mut d);
+        n.learn(Some(ip6(2)), hw(2, 17), Trust::Create, t0, &mut d);
+        n.set_ah(&m2, AhHandle(7));
+        n.send_started(AhHandle(7));
+        n.send_started(AhHandle(7));
+        let later = t0 + Duration::from_secs(5);
+        n.learn(Some(ip(1)), hw(1, 18), Trust::Create, later, &mut d);
+        let s = n.snapshot(later, NEIGH_LISTED);
+        assert_eq!((s.total, s.entries.len(), s.taken), (2, 2, Some(later)));
+        // Sorted by address: .1 before .2.
+        let (e1, e2) = (&s.entries[0], &s.entries[1]);
+        assert_eq!(e1.ip, Some(ip(1)));
+        assert_eq!((e1.ah, e1.ah_inflight, e1.hw.qpn), (false, 0, 18));
+        assert_eq!(e1.state(later), NeighState::Reachable);
+        assert_eq!(
+            e2.addrs().collect::<Vec<_>>(),
+            vec![IpAddr::V4(ip(2)), IpAddr::V6(ip6(2))]
+        );
+        assert_eq!((e2.ah, e2.ah_inflight, e2.mac), (true, 2, m2));
+        assert_eq!(e2.state(later), NeighState::Stale, "silent for 5 s");
+        // Being re-resolved: probe.
+        assert!(n.should_resolve(ip(2), later));
+        let s = n.snapshot(later, NEIGH_LISTED);
+        assert_eq!(s.entries[1].state(later), NeighState::Probe);
+        // Evicted with a send in flight: its AH retires, counted apart.
+        n.expire(t0 + Duration::from_secs(61), &mut d);
+        let s = n.snapshot(t0 + Duration::from_secs(61), NEIGH_LISTED);
+        assert_eq!((s.total, s.retiring, s.retiring_inflight), (1, 1, 2));
+        // More peers than listed: the most recently heard are kept.
+        let mut n = Neighbours::new(64, Duration::from_secs(60));
+        for k in 1..=20u8 {
+            n.learn(
+                Some(ip(k)),
+                hw(k, 17),
+                Trust::Create,
+                t0 + Duration::from_secs(u64::from(k)),
+                &mut d,
+            );
+        }
+        let s = n.snapshot(t0 + Duration::from_secs(30), 5);
+        assert_eq!((s.total, s.entries.len()), (20, 5));
+        let listed: Vec<_> = s.entries.iter().map(|e| e.ip.unwrap()).collect();
+        assert_eq!(listed, (16..=20).map(ip).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_view_serves_the_last_published_snapshot() {
+        let v = NeighView::default();
+        assert_eq!(v.read().taken, None);
+        let t0 = Instant::now();
+        let kept = v.read();
+        v.publish(NeighSnapshot {
+            taken: Some(t0),
+            total: 3,
+            ..Default::default()
+        });
+        assert_eq!((v.read().taken, v.read().total), (Some(t0), 3));
+        assert_eq!(kept.total, 0, "a reader's copy is its own");
     }
 }

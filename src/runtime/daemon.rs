@@ -247,6 +247,7 @@ fn start(spec: &Launch, provider: Arc<dyn Provider>) -> Result<Running, DaemonEr
     let provider: Arc<dyn Provider> = Arc::new(faulty);
     let stats = Arc::new(Stats::default());
     let params = c.iface_config();
+    let neigh_view = params.neigh_view.clone();
     let iface = Interface::open(provider.as_ref(), &params, stats.clone(), 1, &mut None).map_err(
         |source| DaemonError::Open {
             tap: c.tap.clone(),
@@ -310,6 +311,7 @@ fn start(spec: &Launch, provider: Arc<dyn Provider>) -> Result<Running, DaemonEr
         &c.control,
         stats.clone(),
         status.clone(),
+        neigh_view,
         Some(supervisor.orders()),
         c.allow_faults.then_some(faults),
     ) {

@@ -27,7 +27,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::iface::ledger::{Ledger, Ring, SendMeta};
-use crate::iface::neigh::{Learned, Neighbours, Seen, Trust};
+use crate::iface::neigh::{
+    Learned, NEIGH_LISTED, NeighView, Neighbours, REACHABLE_TIME, Seen, Trust,
+};
 use crate::iface::stats::{self, DropReason, Stats};
 use crate::tap::FrameIo;
 use crate::verbs::{
@@ -75,11 +77,14 @@ pub struct IfaceConfig {
     pub tx_timeout: Duration,
     /// What a failed CQ poll does ([`PollFailurePolicy::Restart`] but in demonstrations).
     pub poll_failure: PollFailurePolicy,
+    /// Where every epoch publishes its neighbour table at housekeeping (for the
+    /// control socket's `neigh`); shared by the clones of this configuration.
+    pub neigh_view: NeighView,
 }
 
 /// A peer being sent to that has been silent this long is re-resolved by ARP (it may
 /// have restarted at a new QPN and its announcement been lost).
-pub const PEER_SILENT_PROBE: Duration = Duration::from_secs(3);
+pub const PEER_SILENT_PROBE: Duration = REACHABLE_TIME;
 
 /// Why an interface could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -310,6 +315,8 @@ pub struct Interface {
     stranded: [bool; 2],
     /// `retry`: a failed poll asks to be polled again at once.
     retry_due: bool,
+    /// Where the neighbour table is published.
+    neigh_view: NeighView,
 }
 
 impl Interface {
@@ -466,6 +473,7 @@ impl Interface {
             armed: [false; 2],
             stranded: [false; 2],
             retry_due: false,
+            neigh_view: p.neigh_view.clone(),
             ep,
         };
         stats::set(&iface.stats.qpn, u64::from(a.qpn));
@@ -555,6 +563,12 @@ impl Interface {
         stats::set(&s.neigh_entries, self.neigh.len() as u64);
     }
 
+    /// Publish a copy of the neighbour table (at housekeeping only: it allocates).
+    fn publish_neigh(&self, now: Instant) {
+        self.neigh_view
+            .publish(self.neigh.snapshot(now, NEIGH_LISTED));
+    }
+
     /// The never-completing gauges (a scan of both rings: at open and in housekeeping,
     /// never per poll).
     fn sync_loss_gauges(&self) {
@@ -619,6 +633,7 @@ impl Interface {
         self.check_broken()?;
         self.sync_gauges();
         self.sync_loss_gauges();
+        self.publish_neigh(now);
         // The watchdog measures from the oldest send still outstanding, so one lost
         // completion is caught even while other sends keep completing.
         let outstanding = self.ledger.totals(Ring::Send).outstanding;

@@ -506,6 +506,7 @@ impl Config {
             neigh_max_age: self.neigh_max_age,
             tx_timeout: self.tx_timeout,
             poll_failure: self.poll_failure,
+            neigh_view: Default::default(),
         }
     }
 }

@@ -2,13 +2,14 @@
 //! mode 0600) speaking line-delimited JSON.
 //!
 //! Requests are one JSON object per line: `{"cmd":"stats"}`, `{"cmd":"status"}`,
-//! `{"cmd":"restart"}`, `{"cmd":"ping"}`, and for fault injection
+//! `{"cmd":"neigh"}` (the neighbour table, see [`neigh`]), `{"cmd":"restart"}`, `{"cmd":"ping"}`, and for fault injection
 //! `{"cmd":"inject","fault":"poll-error","after":1000}` (see
 //! [`FaultSpec::from_json`](crate::verbs::fault::FaultSpec::from_json) for the fields),
 //! `{"cmd":"clear"}` and `{"cmd":"faults"}` (what is armed and what was
 //! injected). Replies are one line: `{"ok":true,...}` or `{"ok":false,"error":"..."}`.
 //! Junk gets an error reply naming what is wrong, never a crash. The server runs on its
-//! own thread and reads only counters (atomics), a small status record and the fault
+//! own thread and reads only counters (atomics), a small status record, the neighbour
+//! table's snapshot (published by the poller at housekeeping) and the fault
 //! switch (whose lock the datapath takes only while a fault is armed, and never across
 //! a client's I/O), so a slow or hung client can never stall the datapath.
 //!
@@ -23,13 +24,17 @@
 //!
 //! Here: `protocol` (a request line to a reply), `connection` (one client's bytes and
 //! deadline), `server` (the thread, its poll and the socket's life), `path` (the socket's
-//! directory and what may be removed), `client` (one request from the CLI or a scenario).
+//! directory and what may be removed), `client` (one request from the CLI or a scenario),
+//! `neigh` (the `neigh` reply and its text) and `watch` (`uipoib stats --watch`: rates
+//! between two snapshots and the loop that prints them).
 
 mod client;
 mod connection;
+pub mod neigh;
 mod path;
 mod protocol;
 mod server;
+pub mod watch;
 
 use std::io;
 use std::path::PathBuf;

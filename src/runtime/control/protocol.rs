@@ -7,6 +7,7 @@ use crossbeam_channel::Sender;
 use serde_json::{Map, Value, json};
 
 use super::{FAULTS_DISABLED, FAULTS_LISTED, Status};
+use crate::iface::neigh::NeighView;
 use crate::iface::stats::Stats;
 use crate::runtime::supervisor::Order;
 use crate::verbs::fault::{FaultKind, FaultSpec, FaultSwitch};
@@ -52,6 +53,8 @@ fn faults_report(faults: &FaultSwitch) -> Value {
 pub(super) struct Served {
     pub(super) stats: Arc<Stats>,
     pub(super) status: Arc<Mutex<Status>>,
+    /// The neighbour table as the poller last published it.
+    pub(super) neigh: NeighView,
     pub(super) orders: Option<Sender<Order>>,
     pub(super) faults: Option<Arc<FaultSwitch>>,
     /// Peers refused for their uid.
@@ -80,6 +83,7 @@ pub(super) fn handle_line(line: &str, cx: &Served) -> Value {
     match cmd {
         "ping" => json!({"ok": true}),
         "stats" => json!({"ok": true, "stats": stats.snapshot()}),
+        "neigh" => super::neigh::reply(&cx.neigh.read(), std::time::Instant::now()),
         "status" => {
             let mut s = status.lock().map(|s| s.clone()).unwrap_or_default();
             s.allow_faults = cx.faults.is_some();
@@ -103,7 +107,7 @@ pub(super) fn handle_line(line: &str, cx: &Served) -> Value {
         },
         other => json!({
             "ok": false,
-            "error": format!("unknown command {other:?}; known: ping, stats, status, restart, inject, clear, faults"),
+            "error": format!("unknown command {other:?}; known: ping, stats, status, neigh, restart, inject, clear, faults"),
         }),
     }
 }

@@ -20,6 +20,7 @@ use super::connection::{Client, Drive};
 use super::path::{file_kind, prepare_dir, socket_id};
 use super::protocol::Served;
 use super::{CLIENT_TIMEOUT, ControlError, Status};
+use crate::iface::neigh::NeighView;
 use crate::iface::stats::Stats;
 use crate::runtime::supervisor::Order;
 use crate::sys::process as sys;
@@ -197,11 +198,12 @@ impl ControlServer {
     ///
     /// `faults` is the interface's fault switch when fault injection is allowed (the
     /// daemon's `--allow-faults`); with `None`, `inject`, `clear` and `faults` are
-    /// refused.
+    /// refused. `neigh` is where the interface publishes its neighbour table.
     pub fn start(
         path: &Path,
         stats: Arc<Stats>,
         status: Arc<Mutex<Status>>,
+        neigh: NeighView,
         orders: Option<Sender<Order>>,
         faults: Option<Arc<FaultSwitch>>,
     ) -> Result<ControlServer, ControlError> {
@@ -210,6 +212,7 @@ impl ControlServer {
         let cx = Served {
             stats,
             status,
+            neigh,
             orders,
             faults,
             refused: refused.clone(),
@@ -264,7 +267,8 @@ impl ControlServer {
         })
     }
 
-    /// [`ControlServer::start`] with fresh counters, a default status and no supervisor
+    /// [`ControlServer::start`] with fresh counters, a default status, an empty neighbour
+    /// table and no supervisor
     /// to order: a socket that answers for no interface (what a test of the socket or of
     /// the client serves).
     pub fn start_bare(
@@ -275,6 +279,7 @@ impl ControlServer {
             path,
             Arc::new(Stats::default()),
             Arc::new(Mutex::new(Status::default())),
+            NeighView::default(),
             None,
             faults,
         )

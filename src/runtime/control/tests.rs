@@ -8,10 +8,13 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::*;
+use crate::iface::neigh::{NEIGH_LISTED, NeighView, Neighbours, Trust};
 use crate::iface::stats::{self, DropReason, Stats};
 use crate::runtime::supervisor::Order;
 use crate::sys::process as sys;
+use crate::verbs::Gid;
 use crate::verbs::fault::FaultSwitch;
+use crate::wire::ipoib::IpoibAddr;
 
 /// A fresh directory of this test's own (mode 0700, whatever the umask).
 fn tmp_dir(tag: &str) -> PathBuf {
@@ -300,8 +303,16 @@ fn stats_status_and_junk() {
     }));
     let (ctx, crx) = crossbeam_channel::unbounded();
     let faults = Arc::new(FaultSwitch::default());
-    let srv =
-        ControlServer::start(&path, st.clone(), status, Some(ctx), Some(faults.clone())).unwrap();
+    let view = NeighView::default();
+    let srv = ControlServer::start(
+        &path,
+        st.clone(),
+        status,
+        view.clone(),
+        Some(ctx),
+        Some(faults.clone()),
+    )
+    .unwrap();
     let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
     let v = request(&path, "stats").unwrap();
@@ -312,6 +323,32 @@ fn stats_status_and_junk() {
     // The IPv4 address where it always was, the IPv6 ones as a list beside it.
     assert_eq!(v["status"]["addr"], "198.18.1.1/24", "{v}");
     assert_eq!(v["status"]["addr6"], json!(["2001:2:0:1::1/64"]), "{v}");
+    // Before the first housekeeping: an empty table, no snapshot yet.
+    let v = request(&path, "neigh").unwrap();
+    assert_eq!(
+        (&v["neigh"], &v["total"], &v["snapshot_age_ms"]),
+        (&json!([]), &json!(0), &Value::Null),
+        "{v}"
+    );
+    // What the poller publishes is what the socket serves.
+    let mut table = Neighbours::new(8, Duration::from_secs(60));
+    let t0 = Instant::now();
+    let gid = Gid::from_ipv4(std::net::Ipv4Addr::new(198, 18, 0, 2));
+    table.learn(
+        Some(std::net::Ipv4Addr::new(198, 18, 1, 2)),
+        IpoibAddr::new(0x123, gid),
+        Trust::Create,
+        t0,
+        &mut vec![],
+    );
+    view.publish(table.snapshot(t0, NEIGH_LISTED));
+    let v = request(&path, "neigh").unwrap();
+    assert_eq!(v["total"], 1, "{v}");
+    assert_eq!(v["neigh"][0]["addrs"], json!(["198.18.1.2"]), "{v}");
+    assert_eq!(v["neigh"][0]["qpn"], 0x123, "{v}");
+    assert_eq!(v["neigh"][0]["gid"], gid.to_string(), "{v}");
+    assert_eq!(v["neigh"][0]["ah"], "none", "{v}");
+    assert!(v["snapshot_age_ms"].as_u64().is_some(), "{v}");
     request(&path, "restart").unwrap();
     assert_eq!(crx.try_recv(), Ok(Order::Restart));
     let v = request_json(
@@ -370,6 +407,7 @@ fn stats_status_and_junk() {
             "colour",
         ),
         (json!({"cmd": "stats", "typo": 1}), "typo"),
+        (json!({"cmd": "neigh", "tap": "uip0"}), "tap"),
         (json!({"cmd": 5}), "cmd"),
     ] {
         match request_json(&path, &bad) {
@@ -402,6 +440,7 @@ fn stats_status_and_junk() {
         &path,
         st.clone(),
         Arc::new(Mutex::new(Status::default())),
+        NeighView::default(),
         None,
         None,
     );
