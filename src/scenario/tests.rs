@@ -409,6 +409,16 @@ fn run_fake(
     start: impl FnOnce(&Path) -> std::thread::JoinHandle<()>,
     scenario: &str,
 ) -> super::report::Report {
+    run_fake_capped(tag, start, scenario, super::MAX_SAMPLES)
+}
+
+/// [`run_fake`] keeping at most `cap` counter samples.
+fn run_fake_capped(
+    tag: &str,
+    start: impl FnOnce(&Path) -> std::thread::JoinHandle<()>,
+    scenario: &str,
+    cap: usize,
+) -> super::report::Report {
     let dir = std::env::temp_dir().join(format!("uipoib-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -416,6 +426,7 @@ fn run_fake(
     let server = start(&sock);
     let report = super::run::Runner::new(parse(scenario).unwrap(), &sock)
         .quiet()
+        .sample_cap(cap)
         .run()
         .unwrap();
     let _ = crate::runtime::control::request(&sock, "quit");
@@ -665,4 +676,56 @@ warmup_ms = 2000
         r.at_rest.as_ref().is_some_and(|a| a.ledger_balanced),
         "{r:?}"
     );
+}
+
+#[test]
+fn the_report_keeps_the_samples_up_to_the_cap_and_counts_the_rest() {
+    let scenario = r#"
+name = "series"
+description = "the counter samples of a run"
+
+step = [
+    { do = "exec", fault = "probe", command = ["true"] },
+    { do = "wait", ms = 700 },
+]
+"#;
+    // 8 Mbit/s received.
+    let moving = |ms: u64| ms * 1000;
+    let r = run_fake(
+        "series-all",
+        |sock| fake_daemon_moving(sock, usize::MAX, moving),
+        scenario,
+    );
+    let s = &r.series;
+    assert_eq!((s.every_ms, s.cap, s.dropped), (50, super::MAX_SAMPLES, 0));
+    assert!(s.samples.len() >= 6, "{s:?}");
+    assert!(s.iperf3.is_empty());
+    let (a, b) = (&s.samples[0], &s.samples[s.samples.len() - 1]);
+    assert!(b.rx_bytes > a.rx_bytes && b.t_ms > a.t_ms, "{a:?} {b:?}");
+    assert_eq!(b.state, "running");
+    assert!(s.samples.windows(2).all(|w| w[0].unix_ms <= w[1].unix_ms));
+    assert!(!r.to_text().contains("oldest dropped"));
+    // The same run keeping 3: the newest 3 stay, the others are counted and said.
+    let r = run_fake_capped(
+        "series-capped",
+        |sock| fake_daemon_moving(sock, usize::MAX, moving),
+        scenario,
+        3,
+    );
+    let s = &r.series;
+    assert_eq!(s.samples.len(), 3, "{s:?}");
+    assert!(s.dropped >= 3, "{s:?}");
+    assert!(
+        r.to_text().contains(&format!(
+            "3 samples kept, the {} oldest dropped (at most 3 are kept)",
+            s.dropped
+        )),
+        "{}",
+        r.to_text()
+    );
+    // The fault's measurements still work from the newest samples.
+    assert!(r.passed, "{:?}", r.failures);
+    let v = serde_json::to_value(&r).unwrap();
+    assert_eq!(v["series"]["dropped"], s.dropped);
+    assert_eq!(v["series"]["iperf3"], serde_json::json!([]));
 }
