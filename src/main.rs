@@ -281,9 +281,15 @@ struct CompareArgs {
     /// Set a scenario variable (overrides the file's [vars]); repeatable.
     #[arg(long = "var", value_name = "NAME=VALUE")]
     vars: Vec<String>,
-    /// Also write the comparison as JSON to this file.
+    /// Also write the comparison as JSON to this file (each policy's run with its
+    /// 50 ms counter samples and iperf3 intervals), and next to it one plot per policy,
+    /// compare-SCENARIO-POLICY.svg (Mbit/s over time, the injection, detection and
+    /// resumption marked, every policy on the same scale).
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
+    /// No plots next to the --json file.
+    #[arg(long)]
+    no_plot: bool,
     /// Where the daemons' logs go (default: the system's temporary directory).
     #[arg(long, value_name = "DIR")]
     logs: Option<PathBuf>,
@@ -386,13 +392,20 @@ fn scenario_compare(a: &CompareArgs) -> ExitCode {
         start_timeout: std::time::Duration::from_secs(a.start_timeout_secs.max(1)),
         quiet: a.quiet,
     };
-    let report = opts.run();
+    let mut report = opts.run();
+    let plotted = match &a.json {
+        Some(j) if !a.no_plot => plots_written(uipoib::scenario::write_compare_plots(
+            &mut report,
+            &plot_dir(j),
+        )),
+        _ => true,
+    };
     finish(
         &report.to_text(),
         a.json.as_deref(),
         &report,
         "the comparison",
-        report.passed,
+        report.passed && plotted,
     )
 }
 
@@ -409,12 +422,33 @@ struct RunArgs {
     /// Set a scenario variable (overrides the file's [vars]); repeatable.
     #[arg(long = "var", value_name = "NAME=VALUE")]
     vars: Vec<String>,
-    /// Also write the report as JSON to this file.
+    /// Also write the report as JSON to this file (with the run's 50 ms counter samples
+    /// and iperf3 intervals), and next to it one plot per fault, SCENARIO-N-FAULT.svg
+    /// (N: its index in the report; Mbit/s over time, the injection, detection and
+    /// resumption marked).
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
+    /// No plots next to the --json file.
+    #[arg(long)]
+    no_plot: bool,
     /// No progress lines on stderr.
     #[arg(long, short)]
     quiet: bool,
+}
+
+/// Where the plots of a report written to `json` go: its directory.
+fn plot_dir(json: &std::path::Path) -> PathBuf {
+    json.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map_or_else(|| PathBuf::from("."), std::path::Path::to_path_buf)
+}
+
+/// Print what `write` could not write; whether it wrote everything.
+fn plots_written(errors: Vec<String>) -> bool {
+    for e in &errors {
+        eprintln!("uipoib: plot: {e}");
+    }
+    errors.is_empty()
 }
 
 #[derive(Args)]
@@ -525,19 +559,25 @@ fn scenario_run(a: &RunArgs) -> ExitCode {
     if a.quiet {
         runner = runner.quiet();
     }
-    let report = match runner.run() {
+    let mut report = match runner.run() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("uipoib: {e}");
             return ExitCode::from(1);
         }
     };
+    let plotted = match &a.json {
+        Some(j) if !a.no_plot => {
+            plots_written(uipoib::scenario::write_run_plots(&mut report, &plot_dir(j)))
+        }
+        _ => true,
+    };
     finish(
         &report.to_text(),
         a.json.as_deref(),
         &report,
         "the report",
-        report.passed,
+        report.passed && plotted,
     )
 }
 

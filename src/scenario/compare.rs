@@ -157,8 +157,10 @@ pub struct PolicyRun {
     pub exit_ms: Option<f64>,
     /// What the row shows, in one line.
     pub verdict: String,
-    /// The scenario runner's own report of this run.
+    /// The scenario runner's own report of this run (its `series` holds the samples).
     pub run: Option<Report>,
+    /// Its plot (an SVG file next to the JSON report), when one was written.
+    pub plot: Option<String>,
 }
 
 impl PolicyRun {
@@ -801,6 +803,10 @@ impl CompareReport {
         let _ = writeln!(t);
         for r in &self.runs {
             let _ = writeln!(t, "{:<12} {}", r.policy, r.verdict);
+        }
+        let plots: Vec<&str> = self.runs.iter().filter_map(|r| r.plot.as_deref()).collect();
+        if !plots.is_empty() {
+            let _ = writeln!(t, "  plots: {}", plots.join(" "));
         }
         let _ = writeln!(
             t,

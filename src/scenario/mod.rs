@@ -120,6 +120,12 @@
 //!   `log_up_unix_ms`, `exit_ms`, `tap_gone_ms`, `up_ms`, `log_up_ms`, `error`); `expectations[]`
 //!   {`what`, `ok`, `detail`} and `passed`.
 //!
+//! - `series` ([`Series`]): `every_ms`, `cap`, `dropped` (the oldest samples past the
+//!   cap), `samples[]` ([`SeriesSample`]: `unix_ms`, `t_ms`, `daemon`, `rx_bytes`,
+//!   `tx_bytes`, `rx_packets`, `tx_packets`, `restarts`, `state`), `iperf3[]`
+//!   ([`SeriesInterval`], empty when the load is not iperf3), `iperf3_dropped`; and per
+//!   fault `opened_unix_ms`, `closed_unix_ms` and `plot` (see [`write_run_plots`]).
+//!
 //! The ledger's residuals are posted - completed - flushed - reaped - outstanding per
 //! ring, from `uipoib stats`; both 0 is a balanced ledger. The iperf3 figures come from
 //! the load's own interval lines (the sender's, unless the load runs `iperf3 -R`), each
@@ -142,20 +148,24 @@ mod fields;
 mod gaps;
 mod kill;
 mod parse;
+mod plot;
 mod record;
 mod report;
 mod run;
+mod series;
 mod steps;
 mod traffic;
 
 pub use compare::{CompareOptions, CompareReport, PolicyRun};
 pub use parse::{counter_names, parse_policies, substitute};
+pub use plot::{compare_plot_name, run_plot_name, write_compare_plots, write_run_plots};
 pub use report::{
     AtRest, DaemonRestart, FaultReport, Iperf3Session, Iperf3Window, Outcome, Report, Throughput,
     TrafficReport,
 };
 pub use run::{RunError, Runner};
-pub use traffic::iperf3_interval_mbps;
+pub use series::{Series, SeriesInterval, SeriesSample};
+pub use traffic::{MAX_SAMPLES, iperf3_interval_mbps};
 
 /// Longest a scenario may repeat itself.
 pub const MAX_REPEAT: u64 = 1000;

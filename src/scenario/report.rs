@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use super::series::Series;
 use crate::iface::stats::Residuals;
 
 /// One checked expectation.
@@ -97,6 +98,12 @@ pub struct FaultReport {
     pub expectations: Vec<Outcome>,
     /// Every expectation held.
     pub passed: bool,
+    /// When its step started (ms since the Unix epoch; for a kill, the signal).
+    pub opened_unix_ms: u64,
+    /// When the next fault's step started, or the steps ended.
+    pub closed_unix_ms: Option<u64>,
+    /// Its plot (an SVG file next to the JSON report), when one was written.
+    pub plot: Option<String>,
 }
 
 /// A daemon killed by a `kill` step and the one started in its place. Times are ms
@@ -244,6 +251,8 @@ pub struct Report {
     pub iperf3: Option<Iperf3Session>,
     /// The background load, if any.
     pub traffic: Option<TrafficReport>,
+    /// The counter samples and the load's iperf3 intervals over the run.
+    pub series: Series,
 }
 
 fn ms(v: Option<f64>) -> String {
@@ -362,6 +371,9 @@ impl Report {
                     w.bytes_after / (1024.0 * 1024.0)
                 );
             }
+            if let Some(p) = &f.plot {
+                let _ = writeln!(t, "      plot: {p}");
+            }
             for o in &f.expectations {
                 let _ = writeln!(
                     t,
@@ -389,6 +401,15 @@ impl Report {
                 s.baseline_bytes
                     .map_or_else(|| "-".into(), |b| format!("{:.0}", b / 1024.0)),
                 s.longest_gap_outside_faults_ms / 1e3
+            );
+        }
+        if self.series.dropped > 0 {
+            let _ = writeln!(
+                t,
+                "  series: {} samples kept, the {} oldest dropped (at most {} are kept)",
+                self.series.samples.len(),
+                self.series.dropped,
+                self.series.cap
             );
         }
         if let Some(tr) = &self.traffic {

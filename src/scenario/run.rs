@@ -19,7 +19,7 @@ use super::kill;
 use super::record::{Record, iperf3_windows};
 use super::report::{Outcome, Report};
 use super::steps::exec;
-use super::traffic::{Load, Sampler, lock};
+use super::traffic::{Load, MAX_SAMPLES, Sampler, lock};
 use super::{Action, Scenario};
 use crate::iface::stats::Snapshot;
 use crate::runtime::control::{self, ControlError};
@@ -96,6 +96,8 @@ pub struct Runner {
     pub(super) scenario: Scenario,
     pub(super) started: Instant,
     pub(super) quiet: bool,
+    /// The most counter samples kept ([`MAX_SAMPLES`] unless set).
+    pub(super) sample_cap: usize,
     reads: RefCell<Reads>,
 }
 
@@ -109,8 +111,15 @@ impl Runner {
             scenario,
             started: Instant::now(),
             quiet: false,
+            sample_cap: MAX_SAMPLES,
             reads: RefCell::new(Reads::default()),
         }
+    }
+
+    /// Keep at most `cap` counter samples (at least 1; the oldest go first).
+    pub fn sample_cap(mut self, cap: usize) -> Runner {
+        self.sample_cap = cap.max(1);
+        self
     }
 
     /// The daemon's counters, or the last good reading if this read fails.
@@ -230,7 +239,7 @@ impl Runner {
         if let Err(e) = self.client.ask(&json!({"cmd": "clear"})) {
             report.failures.push(format!("clearing faults first: {e}"));
         }
-        let sampler = Sampler::start(self.client.clone());
+        let sampler = Sampler::start(self.client.clone(), self.sample_cap);
         let mut load = None;
         let mut moved = false;
         if let Some(t) = &sc.traffic {
@@ -435,8 +444,12 @@ impl Runner {
                 self.finish_iperf(r, &lock(&iv));
             }
             report.iperf3 = iperf3_windows(&mut records, &lock(&iv));
-        } else if let Some(r) = records.last_mut() {
-            self.close(r, &sampler, None);
+            report.series = sampler.series(&lock(&iv), report.started_unix_ms);
+        } else {
+            if let Some(r) = records.last_mut() {
+                self.close(r, &sampler, None);
+            }
+            report.series = sampler.series(&[], report.started_unix_ms);
         }
         drop(sampler);
         if let Err(e) = self.client.ask(&json!({"cmd": "clear"})) {
@@ -449,6 +462,8 @@ impl Runner {
         report.at_rest = Some(at_rest);
         report.checks.extend(self.reads_check());
         for r in records.iter_mut() {
+            r.rep.opened_unix_ms = r.opened_ms;
+            r.rep.closed_unix_ms = r.closed_ms;
             r.rep.passed = r.rep.expectations.iter().all(|o| o.ok);
             for o in r.rep.expectations.iter().filter(|o| !o.ok) {
                 report.failures.push(format!(

@@ -329,16 +329,19 @@ fn iperf3_interval_lines_give_their_throughput() {
     assert_eq!(iperf3_interval_mbps("[  5]   1.00-2.00   sec  x y z"), None);
 }
 
-/// A control socket that answers like a running daemon with no faults, except that from
-/// its `bad_from`-th `status` request on it answers with something that is not a status.
-fn fake_daemon(path: &Path, bad_from: usize) -> std::thread::JoinHandle<()> {
-    fake_daemon_moving(path, bad_from, |_| 0)
+/// A control socket that answers like a running daemon with no faults, except that once
+/// it has answered `bad_after` `faults` requests (the runner's first is the fault
+/// record's opening, after its status read) it answers `status` with something that is
+/// not a status. (Counted by `faults` requests, not `status` ones: the sampler reads the
+/// status too, as often as it likes.)
+fn fake_daemon(path: &Path, bad_after: usize) -> std::thread::JoinHandle<()> {
+    fake_daemon_moving(path, bad_after, |_| 0)
 }
 
 /// [`fake_daemon`] whose interface has received `bytes(ms)` bytes `ms` after it started.
 fn fake_daemon_moving(
     path: &Path,
-    bad_from: usize,
+    bad_after: usize,
     bytes: impl Fn(u64) -> u64 + Send + 'static,
 ) -> std::thread::JoinHandle<()> {
     use std::io::{BufRead, BufReader, Write};
@@ -346,7 +349,7 @@ fn fake_daemon_moving(
     let listener = UnixListener::bind(path).unwrap();
     let t0 = std::time::Instant::now();
     std::thread::spawn(move || {
-        let mut statuses = 0;
+        let mut faults = 0;
         for stream in listener.incoming() {
             let Ok(stream) = stream else { return };
             let mut line = String::new();
@@ -356,8 +359,7 @@ fn fake_daemon_moving(
             let req: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
             let reply = match req["cmd"].as_str() {
                 Some("status") => {
-                    statuses += 1;
-                    if statuses >= bad_from {
+                    if faults >= bad_after {
                         serde_json::json!({"ok": true, "status": {"state": 7}})
                     } else {
                         let st = crate::runtime::supervisor::Status {
@@ -377,7 +379,10 @@ fn fake_daemon_moving(
                     };
                     serde_json::json!({"ok": true, "stats": snap})
                 }
-                Some("faults") => serde_json::json!({"ok": true, "injected": 0, "recent": []}),
+                Some("faults") => {
+                    faults += 1;
+                    serde_json::json!({"ok": true, "injected": 0, "recent": []})
+                }
                 Some("quit") => return,
                 _ => serde_json::json!({"ok": true}),
             };
@@ -386,10 +391,10 @@ fn fake_daemon_moving(
     })
 }
 
-fn run_against_fake(tag: &str, bad_from: usize) -> super::report::Report {
+fn run_against_fake(tag: &str, bad_after: usize) -> super::report::Report {
     run_fake(
         &format!("reads-{tag}"),
-        |sock| fake_daemon(sock, bad_from),
+        |sock| fake_daemon(sock, bad_after),
         r#"
 name = "reads"
 description = "a fault record and an expectation against a fake daemon"
@@ -409,6 +414,16 @@ fn run_fake(
     start: impl FnOnce(&Path) -> std::thread::JoinHandle<()>,
     scenario: &str,
 ) -> super::report::Report {
+    run_fake_capped(tag, start, scenario, super::MAX_SAMPLES)
+}
+
+/// [`run_fake`] keeping at most `cap` counter samples.
+fn run_fake_capped(
+    tag: &str,
+    start: impl FnOnce(&Path) -> std::thread::JoinHandle<()>,
+    scenario: &str,
+    cap: usize,
+) -> super::report::Report {
     let dir = std::env::temp_dir().join(format!("uipoib-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -416,6 +431,7 @@ fn run_fake(
     let server = start(&sock);
     let report = super::run::Runner::new(parse(scenario).unwrap(), &sock)
         .quiet()
+        .sample_cap(cap)
         .run()
         .unwrap();
     let _ = crate::runtime::control::request(&sock, "quit");
@@ -426,9 +442,9 @@ fn run_fake(
 
 #[test]
 fn a_failed_status_read_is_reported_not_taken_for_zeros() {
-    // Two good status reads (the start and the fault record's opening), then garbage:
-    // the expectation sees the last good status, and the run fails saying why.
-    let r = run_against_fake("bad", 3);
+    // Good status reads up to the fault record's opening, then garbage: the expectation
+    // sees the last good status, and the run fails saying why.
+    let r = run_against_fake("bad", 1);
     assert!(!r.passed, "{r:?}");
     let f = &r.faults[0];
     assert!(f.expectations.iter().all(|o| o.ok), "{:?}", f.expectations);
@@ -665,4 +681,56 @@ warmup_ms = 2000
         r.at_rest.as_ref().is_some_and(|a| a.ledger_balanced),
         "{r:?}"
     );
+}
+
+#[test]
+fn the_report_keeps_the_samples_up_to_the_cap_and_counts_the_rest() {
+    let scenario = r#"
+name = "series"
+description = "the counter samples of a run"
+
+step = [
+    { do = "exec", fault = "probe", command = ["true"] },
+    { do = "wait", ms = 700 },
+]
+"#;
+    // 8 Mbit/s received.
+    let moving = |ms: u64| ms * 1000;
+    let r = run_fake(
+        "series-all",
+        |sock| fake_daemon_moving(sock, usize::MAX, moving),
+        scenario,
+    );
+    let s = &r.series;
+    assert_eq!((s.every_ms, s.cap, s.dropped), (50, super::MAX_SAMPLES, 0));
+    assert!(s.samples.len() >= 6, "{s:?}");
+    assert!(s.iperf3.is_empty());
+    let (a, b) = (&s.samples[0], &s.samples[s.samples.len() - 1]);
+    assert!(b.rx_bytes > a.rx_bytes && b.t_ms > a.t_ms, "{a:?} {b:?}");
+    assert_eq!(b.state, "running");
+    assert!(s.samples.windows(2).all(|w| w[0].unix_ms <= w[1].unix_ms));
+    assert!(!r.to_text().contains("oldest dropped"));
+    // The same run keeping 3: the newest 3 stay, the others are counted and said.
+    let r = run_fake_capped(
+        "series-capped",
+        |sock| fake_daemon_moving(sock, usize::MAX, moving),
+        scenario,
+        3,
+    );
+    let s = &r.series;
+    assert_eq!(s.samples.len(), 3, "{s:?}");
+    assert!(s.dropped >= 3, "{s:?}");
+    assert!(
+        r.to_text().contains(&format!(
+            "3 samples kept, the {} oldest dropped (at most 3 are kept)",
+            s.dropped
+        )),
+        "{}",
+        r.to_text()
+    );
+    // The fault's measurements still work from the newest samples.
+    assert!(r.passed, "{:?}", r.failures);
+    let v = serde_json::to_value(&r).unwrap();
+    assert_eq!(v["series"]["dropped"], s.dropped);
+    assert_eq!(v["series"]["iperf3"], serde_json::json!([]));
 }

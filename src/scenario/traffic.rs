@@ -14,10 +14,35 @@ use std::time::{Duration, Instant};
 use super::Program;
 use super::report::TrafficReport;
 use super::run::{Client, SAMPLE_EVERY, unix_ms};
+use super::series::Series;
 use crate::iface::stats::Snapshot;
 
 /// Lines of the load's output kept for the report.
 const TAIL: usize = 20;
+
+/// Most counter samples a run keeps: 10 minutes at 20 Hz. Past it the oldest go (the
+/// measurements only look back a few seconds) and are counted.
+pub const MAX_SAMPLES: usize = 12_000;
+
+/// The supervisor's states a sample can name (`STATES[Sample::state]`); any other reads
+/// as `other`, no status read yet as an empty string.
+pub(super) const STATES: [&str; 8] = [
+    "",
+    "running",
+    "restarting",
+    "waiting-for-device",
+    "dead",
+    "stopping",
+    "stopped",
+    "other",
+];
+
+fn state_code(state: &str) -> u8 {
+    STATES[1..STATES.len() - 1]
+        .iter()
+        .position(|s| *s == state)
+        .map_or(STATES.len() as u8 - 1, |i| i as u8 + 1)
+}
 
 /// One counter sample.
 #[derive(Clone, Copy, Debug)]
@@ -32,6 +57,18 @@ pub(super) struct Sample {
     pub(super) bytes: u64,
     /// Counters that show a fault: drops, spurious events, rejected completions.
     pub(super) evidence: u64,
+    /// The interface's own counters, each way (received: written to the TAP).
+    pub(super) rx_bytes: u64,
+    /// See `rx_bytes`.
+    pub(super) tx_bytes: u64,
+    /// See `rx_bytes`.
+    pub(super) rx_packets: u64,
+    /// See `rx_bytes`.
+    pub(super) tx_packets: u64,
+    /// Restarts the daemon had completed.
+    pub(super) restarts: u64,
+    /// The supervisor's state, an index into [`STATES`] (the last status read).
+    pub(super) state: u8,
 }
 
 impl Sample {
@@ -42,16 +79,59 @@ impl Sample {
         packets: 0,
         bytes: 0,
         evidence: 0,
+        rx_bytes: 0,
+        tx_bytes: 0,
+        rx_packets: 0,
+        tx_packets: 0,
+        restarts: 0,
+        state: 0,
     };
 
-    fn of(s: &Snapshot, generation: u32) -> Sample {
+    pub(super) fn of(s: &Snapshot, generation: u32, state: u8) -> Sample {
         Sample {
             unix_ms: unix_ms(),
             generation,
             packets: s.rx_packets + s.tx_packets,
             bytes: s.rx_bytes + s.tx_bytes,
             evidence: s.drops_total() + s.spurious_events + s.completions_rejected,
+            rx_bytes: s.rx_bytes,
+            tx_bytes: s.tx_bytes,
+            rx_packets: s.rx_packets,
+            tx_packets: s.tx_packets,
+            restarts: s.restarts,
+            state,
         }
+    }
+
+    /// Its state's name.
+    pub(super) fn state_name(&self) -> &'static str {
+        STATES.get(self.state as usize).copied().unwrap_or("other")
+    }
+}
+
+/// Samples up to a cap; past it the oldest are dropped and counted.
+#[derive(Debug, Default)]
+pub(super) struct Capped {
+    pub(super) cap: usize,
+    pub(super) items: VecDeque<Sample>,
+    pub(super) dropped: u64,
+}
+
+impl Capped {
+    pub(super) fn new(cap: usize) -> Capped {
+        Capped {
+            cap: cap.max(1),
+            items: VecDeque::new(),
+            dropped: 0,
+        }
+    }
+
+    pub(super) fn push(&mut self, s: Sample) {
+        while self.items.len() >= self.cap {
+            self.items.pop_front();
+            self.dropped += 1;
+        }
+        self.items.push_back(s);
     }
 }
 
@@ -62,19 +142,23 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 pub(super) struct Sampler {
-    samples: Shared<Vec<Sample>>,
+    samples: Shared<Capped>,
     generation: Arc<AtomicU32>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Sampler {
-    pub(super) fn start(client: Client) -> Sampler {
-        let samples: Shared<Vec<Sample>> = Arc::default();
+    /// Read the daemon's counters (and its state) every [`SAMPLE_EVERY`], keeping the
+    /// last `cap` samples.
+    pub(super) fn start(client: Client, cap: usize) -> Sampler {
+        let samples: Shared<Capped> = Arc::new(Mutex::new(Capped::new(cap)));
         let stop = Arc::new(AtomicBool::new(false));
         let generation = Arc::new(AtomicU32::new(0));
         let (s, st, g) = (samples.clone(), stop.clone(), generation.clone());
         let thread = thread::spawn(move || {
+            let mut state = 0u8;
+            let mut state_gen = 0u32;
             while !st.load(Ordering::Relaxed) {
                 // Read before the request: a reading the old daemon gave is never
                 // stamped with the new one's generation.
@@ -82,7 +166,17 @@ impl Sampler {
                 if let Ok(snap) = client.stats()
                     && g.load(Ordering::SeqCst) == r#gen
                 {
-                    lock(&s).push(Sample::of(&snap, r#gen));
+                    // The state read right after the counters; a failed read keeps
+                    // the last one this daemon gave.
+                    if state_gen != r#gen {
+                        (state, state_gen) = (0, r#gen);
+                    }
+                    if let Ok(status) = client.status() {
+                        state = state_code(&status.state);
+                    }
+                    if g.load(Ordering::SeqCst) == r#gen {
+                        lock(&s).push(Sample::of(&snap, r#gen, state));
+                    }
                 }
                 thread::sleep(SAMPLE_EVERY);
             }
@@ -93,6 +187,16 @@ impl Sampler {
             stop,
             thread: Some(thread),
         }
+    }
+
+    /// The samples so far, and the load's intervals `iv`, as the report keeps them.
+    pub(super) fn series(&self, iv: &[Interval], started_unix_ms: u64) -> Series {
+        Series::of(
+            &lock(&self.samples),
+            iv,
+            started_unix_ms,
+            SAMPLE_EVERY.as_millis() as u64,
+        )
     }
 
     /// The daemon samples are read from now.
@@ -106,7 +210,7 @@ impl Sampler {
     }
 
     pub(super) fn snapshot(&self) -> Vec<Sample> {
-        lock(&self.samples).clone()
+        lock(&self.samples).items.iter().copied().collect()
     }
 }
 
