@@ -36,6 +36,7 @@ fn a_fault_run_keeps_its_samples_and_plots_the_recovery() {
         &sock,
         a.stats.clone(),
         a.status.clone(),
+        Default::default(),
         Some(a.sup().orders()),
         Some(switch.clone()),
     )
