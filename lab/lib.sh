@@ -603,17 +603,18 @@ lab_cargo_build() {
 		return
 	fi
 	lab_log "cargo build $* in $LAB_REPO_ROOT (log: $log)"
-	local t0=$SECONDS pid n last=-1
+	local t0=$SECONDS pid n last=-1 said=0
 	(cd "$LAB_REPO_ROOT" && cargo build "$@") >>"$log" 2>&1 &
 	pid=$!
-	# Progress every 10 s while it builds: crates compiled so far and the latest.
+	# Progress while it builds (checked every 10 s): crates compiled so far and the latest.
 	while kill -0 "$pid" 2>/dev/null; do
 		sleep 1
 		if (((SECONDS - t0) % 10 == 0)) && kill -0 "$pid" 2>/dev/null; then
 			n=$(grep -c '^ *Compiling ' "$log" || true)
-			if ((n != last)); then
+			# A new crate, or 30 s on one (uipoib itself takes a minute or more).
+			if ((n != last || SECONDS - said >= 30)); then
 				lab_log "building ($((SECONDS - t0))s): $n crates compiled, now $(grep '^ *Compiling ' "$log" | tail -n1 | awk '{print $2, $3}')"
-				last=$n
+				last=$n said=$SECONDS
 			fi
 		fi
 	done

@@ -296,6 +296,10 @@ def e2e(a):
             "causes": f0.get("causes"),
             "wr_reaped": f0.get("wr_reaped"),
             "ledger_balanced": f0.get("ledger_balanced"),
+            # The plot `uipoib fault run` drew for that fault (Mbit/s over time with the
+            # injection, detection and resume marked), beside its JSON.
+            "plot": f0.get("plot"),
+            "plot_present": bool(f0.get("plot")) and os.path.isfile(os.path.join(out, os.path.basename(f0.get("plot") or ""))),
         }
     else:
         rep["fault_run"] = {"status": f"no report: {why}"}
@@ -422,6 +426,10 @@ def e2e(a):
         L.extend(f"  FAIL {x}" for x in fr["failures"])
     else:
         L.append(f"fault run: {fr['status']}")
+    plots = sorted(f for f in os.listdir(out) if f.endswith(".svg"))
+    rep["plots"] = plots
+    if plots:
+        L.append(f"plots (SVG, Mbit/s over time, injection / detection / resume marked) in {out}: " + ", ".join(plots))
     L.append("")
     L.append("IPv6 over uip0 (2001:2:0:1::x): " + ("run" if v6["ran"] else v6["why"] or "not run"))
     for r in "ab":
@@ -517,6 +525,8 @@ def e2e_assert(out, rep):
     check(fr.get("passed") is True, "the fault run (poll-error under TCP load) passed its checks",
           f"recovered in {fmt(fr.get('recovery_ms'), '.1f')} ms, ledger balanced {fr.get('ledger_balanced')}"
           if "passed" in fr else fr.get("status"))
+    check(fr.get("plot_present") is True, "the fault run drew its plot (SVG) into the report folder",
+          os.path.basename(fr.get("plot") or "") or "no plot named in fault-poll-error.json")
     for r in "ab":
         rc = text(os.path.join(out, f"uipoib-{r}.rc")) or ""
         check(rc == "0", f"daemon {r} exited 0 on SIGTERM", f"exit {rc or 'unknown'}")

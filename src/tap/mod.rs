@@ -34,7 +34,7 @@ use crate::wire::offload::{FrameSink, Joiner, Segmenter, Taken, VNET_HDR_LEN};
 pub enum TapError {
     /// Creating the device failed.
     #[error(
-        "cannot create TAP device {name:?}: {source} (is /dev/net/tun present, and are you root?)"
+        "cannot create TAP device {name:?}: {source} (is /dev/net/tun present, and does uipoib run as root or with CAP_NET_ADMIN?)"
     )]
     Create {
         /// The name.

@@ -342,7 +342,17 @@ impl Mr {
         // SAFETY: `region` is a live mapping of `region.len()` bytes that the endpoint
         // keeps mapped until after this MR is deregistered (field/teardown order).
         let ptr = unsafe { ibv_reg_mr(pd.as_ptr(), region.base().cast(), region.len(), access) };
-        Ok(Mr::from_raw(created(ptr, "ibv_reg_mr")?, log))
+        match created(ptr, "ibv_reg_mr") {
+            Ok(mr) => Ok(Mr::from_raw(mr, log)),
+            // Pinning more than RLIMIT_MEMLOCK without CAP_IPC_LOCK: say so.
+            Err(VerbsError::Verb { source, .. }) if source.raw_os_error() == Some(libc::ENOMEM) => {
+                Err(VerbsError::Verb {
+                    verb: "ibv_reg_mr (the rings are pinned memory: raise RLIMIT_MEMLOCK, e.g. LimitMEMLOCK= or ulimit -l, or run with CAP_IPC_LOCK)",
+                    source,
+                })
+            }
+            Err(e) => Err(e),
+        }
     }
 
     pub(super) fn lkey(&self) -> u32 {
