@@ -12,6 +12,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use super::Program;
+use super::parse::STATES;
 use super::report::TrafficReport;
 use super::run::{Client, SAMPLE_EVERY, unix_ms};
 use super::series::Series;
@@ -24,24 +25,16 @@ const TAIL: usize = 20;
 /// measurements only look back a few seconds) and are counted.
 pub const MAX_SAMPLES: usize = 12_000;
 
-/// The supervisor's states a sample can name (`STATES[Sample::state]`); any other reads
-/// as `other`, no status read yet as an empty string.
-pub(super) const STATES: [&str; 8] = [
-    "",
-    "running",
-    "restarting",
-    "waiting-for-device",
-    "dead",
-    "stopping",
-    "stopped",
-    "other",
-];
+/// A sample's state: 0 before any status was read, `1..=STATES.len()` the supervisor's
+/// states ([`STATES`], the list scenarios expect from), and past them any other.
+const STATE_NONE: u8 = 0;
+const STATE_OTHER: u8 = STATES.len() as u8 + 1;
 
 fn state_code(state: &str) -> u8 {
-    STATES[1..STATES.len() - 1]
+    STATES
         .iter()
         .position(|s| *s == state)
-        .map_or(STATES.len() as u8 - 1, |i| i as u8 + 1)
+        .map_or(STATE_OTHER, |i| i as u8 + 1)
 }
 
 /// One counter sample.
@@ -67,7 +60,7 @@ pub(super) struct Sample {
     pub(super) tx_packets: u64,
     /// Restarts the daemon had completed.
     pub(super) restarts: u64,
-    /// The supervisor's state, an index into [`STATES`] (the last status read).
+    /// The supervisor's state (the last status read), coded as [`state_code`] says.
     pub(super) state: u8,
 }
 
@@ -84,7 +77,7 @@ impl Sample {
         rx_packets: 0,
         tx_packets: 0,
         restarts: 0,
-        state: 0,
+        state: STATE_NONE,
     };
 
     pub(super) fn of(s: &Snapshot, generation: u32, state: u8) -> Sample {
@@ -105,7 +98,10 @@ impl Sample {
 
     /// Its state's name.
     pub(super) fn state_name(&self) -> &'static str {
-        STATES.get(self.state as usize).copied().unwrap_or("other")
+        match self.state {
+            STATE_NONE => "",
+            n => STATES.get(usize::from(n) - 1).copied().unwrap_or("other"),
+        }
     }
 }
 
