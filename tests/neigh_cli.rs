@@ -23,6 +23,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::netns::{Daemon, Netns, is_ci, root_or_tun_missing};
 use common::{FakeTap, fabric, introduce, open, params};
 use uipoib::iface::Interface;
 use uipoib::iface::neigh::NeighView;
@@ -341,16 +342,8 @@ fn stats_watch_fails_naming_the_socket_when_the_daemon_goes_away() {
 
 /// Why the whole-daemon test cannot run here, if it cannot.
 fn missing_prerequisite() -> Option<String> {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let uid0 = status
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .is_some_and(|l| l.split_whitespace().nth(2) == Some("0"));
-    if !uid0 {
-        return Some("not running as root (network namespaces and TAP devices need it)".into());
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun is missing".into());
+    if let Some(why) = root_or_tun_missing() {
+        return Some(why);
     }
     for tool in ["ip", "ping"] {
         if Command::new(tool).arg("-V").output().is_err() {
@@ -358,47 +351,6 @@ fn missing_prerequisite() -> Option<String> {
         }
     }
     None
-}
-
-fn is_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
-}
-
-struct Netns(String);
-
-impl Netns {
-    fn new(name: String) -> Netns {
-        let _ = Command::new("ip").args(["netns", "del", &name]).output();
-        let st = Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .unwrap();
-        assert!(st.success(), "ip netns add {name}");
-        Netns(name)
-    }
-
-    fn exec(&self, args: &[&str]) -> std::process::Output {
-        Command::new("ip")
-            .args(["netns", "exec", &self.0])
-            .args(args)
-            .output()
-            .unwrap()
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
-    }
-}
-
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn json_of(args: &[&str], ctl: &Path) -> serde_json::Value {
@@ -415,8 +367,8 @@ fn a_sim_pair_daemon_lists_its_neighbour_and_watches_its_rates() {
         return;
     }
     let id = std::process::id() % 10_000;
-    let na = Netns::new(format!("uipn-a-{id}"));
-    let nb = Netns::new(format!("uipn-b-{id}"));
+    let na = Netns::new(&format!("uipn-a-{id}"));
+    let nb = Netns::new(&format!("uipn-b-{id}"));
     let (tap_a, tap_b) = (format!("na{id}"), format!("nb{id}"));
     let dir = tmp_dir("pair");
     let (ctl_a, ctl_b) = (dir.join("a.sock"), dir.join("b.sock"));

@@ -9,35 +9,13 @@
 //! skips, except when the `CI` environment variable is set: then it fails, so that a CI
 //! run cannot pass without having run it.
 
+mod common;
+
 use std::net::Ipv4Addr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-struct Netns(String);
-
-impl Netns {
-    fn new(name: &str) -> Netns {
-        let _ = Command::new("ip").args(["netns", "del", name]).output();
-        run("ip", &["netns", "add", name]);
-        run("ip", &["-n", name, "link", "set", "lo", "up"]);
-        Netns(name.to_string())
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
-    }
-}
-
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use common::netns::{Daemon, Netns, is_ci, root_or_tun_missing};
 
 fn run(cmd: &str, args: &[&str]) -> String {
     let out = Command::new(cmd)
@@ -54,17 +32,8 @@ fn run(cmd: &str, args: &[&str]) -> String {
 }
 
 fn missing_prerequisite() -> Option<String> {
-    // Root, read from /proc/self/status (`Uid:` real, effective, saved, fs).
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let uid0 = status
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .is_some_and(|l| l.split_whitespace().nth(2) == Some("0"));
-    if !uid0 {
-        return Some("not running as root (network namespaces and TAP devices need it)".into());
-    }
-    if !std::path::Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun is missing".into());
+    if let Some(why) = root_or_tun_missing() {
+        return Some(why);
     }
     for tool in ["ip", "iperf3", "ping"] {
         if Command::new(tool).arg("-V").output().is_err()
@@ -76,11 +45,6 @@ fn missing_prerequisite() -> Option<String> {
         }
     }
     None
-}
-
-/// `CI` is set (to anything but empty, `0` or `false`).
-fn is_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
 }
 
 /// What to do about a missing prerequisite: `Ok(None)` run; `Ok(Some(line))` print the

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 mod frames;
+pub mod netns;
 pub mod sup;
 
 pub use frames::{arp_reply, arp_request, ipv4_frame};
