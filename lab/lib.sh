@@ -603,19 +603,19 @@ lab_cargo_build() {
 		return
 	fi
 	lab_log "cargo build $* in $LAB_REPO_ROOT (log: $log)"
-	local t0=$SECONDS pid n last=-1 said=0
+	local t0=$SECONDS pid n last=-1 said=0 check=$((SECONDS + 10))
 	(cd "$LAB_REPO_ROOT" && cargo build "$@") >>"$log" 2>&1 &
 	pid=$!
-	# Progress while it builds (checked every 10 s): crates compiled so far and the latest.
+	# Progress while it builds (checked every 10 s): crates compiled so far and the latest,
+	# on a new crate or after 30 s on one (uipoib itself takes a minute or more).
 	while kill -0 "$pid" 2>/dev/null; do
 		sleep 1
-		if (((SECONDS - t0) % 10 == 0)) && kill -0 "$pid" 2>/dev/null; then
-			n=$(grep -c '^ *Compiling ' "$log" || true)
-			# A new crate, or 30 s on one (uipoib itself takes a minute or more).
-			if ((n != last || SECONDS - said >= 30)); then
-				lab_log "building ($((SECONDS - t0))s): $n crates compiled, now $(grep '^ *Compiling ' "$log" | tail -n1 | awk '{print $2, $3}')"
-				last=$n said=$SECONDS
-			fi
+		((SECONDS >= check)) || continue
+		check=$((SECONDS + 10))
+		n=$(grep -c '^ *Compiling ' "$log" || true)
+		if ((n != last || SECONDS - said >= 30)); then
+			lab_log "building ($((SECONDS - t0))s): $n crates compiled, now $(grep '^ *Compiling ' "$log" | tail -n1 | awk '{print $2, $3}')"
+			last=$n said=$SECONDS
 		fi
 	done
 	wait "$pid" || rc=$?
@@ -648,12 +648,14 @@ lab_uipoib_build() {
 }
 
 # lab_uipoib OUTDIR BUILD: lab_uipoib_build, its status in OUTDIR/build.status and the
-# guests' copy OUTDIR/bin/uipoib; 1 if there is no usable binary.
+# guests' copy OUTDIR/bin/uipoib; without a usable binary it stops the run (lab_die)
+# before any guest boots.
 lab_uipoib() {
 	lab_uipoib_build "$1" "$2"
 	echo "$LAB_UIPOIB_STATUS" >"$1/build.status"
 	lab_log "build: $LAB_UIPOIB_STATUS"
-	lab_stage_bin "$1" uipoib "$LAB_UIPOIB_SOURCE" "$LAB_UIPOIB_STATUS"
+	lab_stage_bin "$1" uipoib "$LAB_UIPOIB_SOURCE" "$LAB_UIPOIB_STATUS" ||
+		lab_die "no usable uipoib binary ($(tr "\n" " " <"$1/build.status")); not booting the guests (build log: $1/build.log)"
 }
 
 # lab_stage_bin OUTDIR NAME PATH STATUS: the guests run a private copy, OUTDIR/bin/NAME (a
