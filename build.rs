@@ -93,6 +93,9 @@ const CONSTANTS: &[&str] = &[
 fn main() {
     println!("cargo:rerun-if-changed=build/verbs.h");
     println!("cargo:rerun-if-changed=build.rs");
+    // Which libclang parses the header (clang-sys reads it too; said here so the
+    // bindings and libclang-version are redone when it changes).
+    println!("cargo:rerun-if-env-changed=LIBCLANG_PATH");
 
     let ibverbs = match pkg_config::Config::new()
         .atleast_version("1.8.28")
@@ -171,7 +174,6 @@ fn main() {
 /// another installed clang's resource headers, or gcc's, stand in (they define the same
 /// C types).
 fn fallback_builtin_headers() -> Vec<PathBuf> {
-    println!("cargo:rerun-if-env-changed=LIBCLANG_PATH");
     let mut dirs = Vec::new();
     let mut clangs: Vec<PathBuf> = std::fs::read_dir("/usr/lib")
         .into_iter()
