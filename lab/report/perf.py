@@ -13,6 +13,7 @@ from common import (
     fmt,
     ratio,
     parse_ib_send_bw,
+    parse_ping,
     mb_to_mbit,
     iperf_received_mbit,
     finish,
@@ -127,6 +128,212 @@ def rxe_delta(out, tag, role):
     return {k: a[k] - b.get(k, 0) for k in a if a[k] != b.get(k, 0)}
 
 
+def rxe_counters(out, tag, when, role):
+    """rxe's hw_counters at one sample, or None without the file."""
+    t = read(os.path.join(out, "raw", f"{tag}.{when}.rxe.{role}.txt"))
+    if t is None:
+        return None
+    d = {}
+    for line in t.splitlines():
+        path, _, val = line.rpartition(":")
+        try:
+            d[os.path.basename(path)] = int(val)
+        except ValueError:
+            pass
+    return d
+
+
+def rxe_rx_lost(out, tag, role):
+    """Packets rxe received and delivered to no receive queue during the step
+    (rcvd_pkts - rdma_recvs moved), or None without both samples."""
+    b, a = rxe_counters(out, tag, "before", role), rxe_counters(out, tag, "after", role)
+    try:
+        return (a["rcvd_pkts"] - b["rcvd_pkts"]) - (a["rdma_recvs"] - b["rdma_recvs"])
+    except (TypeError, KeyError):
+        return None
+
+
+def udp_delta(out, tag, role):
+    """The kernel's UDP counters (/proc/net/snmp) that moved during the step, or None."""
+    def get(when):
+        t = read(os.path.join(out, "raw", f"{tag}.{when}.udp.{role}.txt")) or ""
+        ls = [l.split()[1:] for l in t.splitlines() if l.startswith("Udp:")]
+        if len(ls) < 2:
+            return None
+        try:
+            return dict(zip(ls[0], map(int, ls[1])))
+        except ValueError:
+            return None
+    b, a = get("before"), get("after")
+    if not a or not b:
+        return None
+    return {k: a[k] - b.get(k, 0) for k in a}
+
+
+def backlog_dropped(out, tag, role):
+    """Packets the kernel dropped on a full input backlog during the step (the second
+    column of /proc/net/softnet_stat, hex, summed over CPUs), or None."""
+    def get(when):
+        t = read(os.path.join(out, "raw", f"{tag}.{when}.softnet.{role}.txt"))
+        try:
+            return sum(int(l.split()[1], 16) for l in t.splitlines() if l.strip()) if t else None
+        except (ValueError, IndexError):
+            return None
+    b, a = get("before"), get("after")
+    return a - b if a is not None and b is not None else None
+
+
+def daemon_drops(out, tag, role):
+    """The daemon's drops (every reason) during the step, or None."""
+    d = stats_delta(out, tag, role)
+    return sum(d["drops"].values()) if d else None
+
+
+def where_lost(out, tag):
+    """Where datagrams of a step b -> a went: b's TAP queue (the daemon did not read in
+    time: tx_dropped), the daemons' own drop counters, rxe's counters, a's TAP."""
+    loss = {}
+    for role in ("a", "b"):
+        sd = stats_delta(out, tag, role)
+        loss[role] = dict(
+            tap=link_delta(out, tag, role),
+            daemon_drops=sum(sd["drops"].values()) if sd else None,
+            daemon=sd and {k: sd.get(k) for k in ("rx_packets", "tx_packets", "tx_backpressure")},
+            rxe=rxe_delta(out, tag, role),
+            rxe_rx_lost=rxe_rx_lost(out, tag, role),
+            udp=udp_delta(out, tag, role),
+            backlog_dropped=backlog_dropped(out, tag, role),
+        )
+    # Sent by b's daemon and not received by a's (the fabric, rxe, a restart's reaped
+    # completions; ARP and neighbour discovery ride both ways and roughly cancel).
+    tx, rx = (loss["b"]["daemon"] or {}).get("tx_packets"), (loss["a"]["daemon"] or {}).get("rx_packets")
+    loss["between_daemons"] = tx - rx if tx is not None and rx is not None else None
+    return loss
+
+
+def where_text(wl):
+    """One line: where a step's datagrams were lost (see where_lost)."""
+    tb, ta = wl["b"]["tap"] or {}, wl["a"]["tap"] or {}
+    return (f"b TAP {tb.get('tx_dropped', '-')}, daemons b {fmt(wl['b']['daemon_drops'], '.0f')} a {fmt(wl['a']['daemon_drops'], '.0f')}, "
+            f"b daemon -> a daemon {fmt(wl['between_daemons'], '.0f')} (a rxe {fmt(wl['a']['rxe_rx_lost'], '.0f')}), "
+            f"a TAP {ta.get('rx_dropped', '-')}, a backlog {fmt(wl['a']['backlog_dropped'], '.0f')}, "
+            f"a UDP socket {fmt((wl['a']['udp'] or {}).get('RcvbufErrors'), '.0f')}")
+
+
+def parse_ib_send_lat(t):
+    """ib_send_lat's result line: dict(t_min, t_max, t_typical, t_avg, ...) in us, or None."""
+    if not t:
+        return None
+    lines = t.splitlines()
+    for i, line in enumerate(lines):
+        if "#bytes" in line and "t_typical" in line:
+            for data in lines[i + 1:]:
+                f = data.split()
+                if len(f) >= 7 and f[0].isdigit():
+                    try:
+                        v = [float(x) for x in f[2:9]]
+                    except ValueError:
+                        return None
+                    keys = ("t_min", "t_max", "t_typical", "t_avg", "t_stdev", "p99", "p99_9")
+                    return dict(zip(keys, v), iterations=int(f[1]), bytes=int(f[0]))
+    return None
+
+
+QPERF_UNITS = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "sec": 1e6, "s": 1e6}
+
+
+def parse_qperf(t):
+    """{test: latency in us} from qperf's output ("tcp_lat:" then "latency = 8809 ns";
+    the unit may be ns, us, ms or sec)."""
+    res, cur = {}, None
+    for line in (t or "").splitlines():
+        m = re.match(r"^(\w+):\s*$", line)
+        if m:
+            cur = m.group(1)
+            continue
+        m = re.match(r"^\s+latency\s*=\s*([\d.]+)\s*(ns|us|ms|sec|s)\b", line)
+        if m and cur:
+            res[cur] = float(m.group(1)) * QPERF_UNITS[m.group(2)]
+    return res
+
+
+def latency(out, tag):
+    """qperf tcp_lat/udp_lat (us) and ping RTT avg/min (us) of one path."""
+    raw = os.path.join(out, "raw")
+    q = parse_qperf(read(os.path.join(raw, f"{tag}.qperf.txt")))
+    pg = parse_ping(read(os.path.join(raw, f"{tag}.ping.txt")))
+    rtt = (pg or {}).get("rtt_ms") or {}
+    return dict(
+        tcp_lat_us=q.get("tcp_lat"),
+        udp_lat_us=q.get("udp_lat"),
+        ping_avg_us=rtt["avg"] * 1e3 if "avg" in rtt else None,
+        ping_min_us=rtt["min"] * 1e3 if "min" in rtt else None,
+        ping_loss_percent=(pg or {}).get("loss_percent"),
+    )
+
+
+def sweep(out, r, pre, steps, limit=1.0):
+    """The UDP rate sweep of one variant in rep r: every step (the rate asked, what was sent
+    and received, the loss and where it went) and the lossless rate: the highest offered
+    rate with under LIMIT % loss (0 when no step passed; None when a step is missing)."""
+    raw = os.path.join(out, "raw")
+    res, best, complete = [], 0.0, True
+    for k in range(1, steps + 1):
+        tag = f"r{r}.{pre}sweep.s{k}"
+        v = load(os.path.join(raw, f"{tag}.json"))
+        end = (v or {}).get("end") or {}
+        rcv, snt = end.get("sum_received"), end.get("sum_sent") or {}
+        target = ((v or {}).get("start", {}).get("test_start", {}).get("target_bitrate") or 0) / 1e6 or None
+        if not v or v.get("error") or not rcv:
+            complete = False
+            res.append(dict(step=k, target_mbit=target, missing=True))
+            continue
+        lost = rcv.get("lost_percent")
+        ok = lost is not None and lost < limit and (rcv.get("packets") or 0) > 0
+        offered = snt.get("bits_per_second", 0) / 1e6
+        if ok:
+            best = max(best, offered)
+        res.append(dict(step=k, target_mbit=target, offered_mbit=offered,
+                        received_mbit=rcv["bits_per_second"] / 1e6, lost_percent=lost,
+                        lost_packets=rcv.get("lost_packets"), packets=rcv.get("packets"),
+                        passed=ok, where_lost=where_lost(out, tag)))
+    return dict(steps=res, lossless_mbit=best if complete else None)
+
+
+def restart(out, tag):
+    """One injected poll failure under load: the restart records a's status gained during
+    the run (after its status before, by epoch; without that file, the newest), the
+    iperf3 client's result, and what a lost over it."""
+    raw = os.path.join(out, "raw")
+    recs = None
+    after = load(os.path.join(raw, f"{tag}.status.a.json"))
+    if after:
+        hist = [h for h in after.get("history", []) if h.get("cause") == "poll-failed"]
+        before = load(os.path.join(raw, f"{tag}.status-before.a.json"))
+        if before is not None:
+            seen = max([h.get("epoch", 0) for h in before.get("history", [])] + [0])
+            hist = [h for h in hist if h.get("epoch", 0) > seen]
+        else:
+            hist = hist[-1:]
+        recs = hist
+    j = load(os.path.join(raw, f"{tag}.json"))
+    end = (j or {}).get("end") or {}
+    good = bool(j) and "error" not in j
+    rcv = end.get("sum_received") or {}
+    return dict(
+        recovery_ms=recs[-1].get("recovery_ms") if recs else None,
+        restarts=len(recs) if recs is not None else None,
+        session_intact=(1.0 if good and rcv.get("bytes", 0) > 0 else 0.0) if j is not None else None,
+        retransmits=(end.get("sum_sent") or {}).get("retransmits") if good else None,
+        lost_packets=rcv.get("lost_packets") if good else None,
+        packets=rcv.get("packets") if good else None,
+        rx_lost_rxe=rxe_rx_lost(out, tag, "a"),
+        daemon_drops_a=daemon_drops(out, tag, "a"),
+        daemon_drops_b=daemon_drops(out, tag, "b"),
+        where_lost=where_lost(out, tag),
+    )
+
+
 def med(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
@@ -137,7 +344,7 @@ def spread(xs):
     return (min(xs), max(xs)) if xs else None
 
 
-def variant(out, r, pre, tcp_secs_default=1):
+def variant(out, r, pre, sweep_steps, tcp_secs_default=1):
     """One variant's measurements in rep r (pre: "" or "alt.")."""
     raw = os.path.join(out, "raw")
     tcp = perf_iperf(os.path.join(raw, f"r{r}.{pre}uiptcp.json"))
@@ -166,19 +373,8 @@ def variant(out, r, pre, tcp_secs_default=1):
             budget_exhausted=d.get("budget_exhausted"),
             ctxt_per_packet=per(ctxt_delta(out, tag, role) or 0),
         )
-    # Where UDP datagrams were lost: b's TAP queue (the daemon did not read in time:
-    # tx_dropped), the daemons' own drop counters, rxe's counters, a's TAP.
-    loss = {}
-    for role in ("a", "b"):
-        tag = f"r{r}.{pre}uipudp"
-        sd = stats_delta(out, tag, role)
-        loss[role] = dict(
-            tap=link_delta(out, tag, role),
-            daemon_drops=sum(sd["drops"].values()) if sd else None,
-            daemon=sd and {k: sd.get(k) for k in ("rx_packets", "tx_packets", "tx_backpressure")},
-            rxe=rxe_delta(out, tag, role),
-        )
-    return dict(tcp=tcp, udp=udp, daemon=cost, udp_loss=loss)
+    return dict(tcp=tcp, udp=udp, daemon=cost, udp_loss=where_lost(out, f"r{r}.{pre}uipudp"),
+                latency=latency(out, f"r{r}.{pre}uiplat"), sweep=sweep(out, r, pre, sweep_steps))
 
 
 def perf(args):
@@ -199,22 +395,50 @@ def perf(args):
                    or env_val("PERF_ALT_NICE", "0") != "0" or env_val("PERF_ALT_TXQLEN", "")) or bool(
         glob.glob(os.path.join(raw, "r*.alt.uiptcp.json")))
     pres = ["", "alt."] if has_alt else [""]
+    try:
+        sweep_steps = int(env_val("PERF_UDP_SWEEP_STEPS", "5"))
+    except ValueError:
+        sweep_steps = 5
+
+    def iblat(name):
+        # The client's output (b); the server prints the same table.
+        return (parse_ib_send_lat(read(os.path.join(raw, f"r{r}.{name}.txt")))
+                or parse_ib_send_lat(read(os.path.join(raw, f"r{r}.{name}.server.txt"))))
 
     rows = []
     missing = []
     for r in range(1, reps + 1):
         ib = ib_send_bw_mbit(read(os.path.join(raw, f"r{r}.ibsend.txt")))
         eth = perf_iperf(os.path.join(raw, f"r{r}.eth0tcp.json"))
-        row = dict(rep=r, ib_send_bw=ib, eth0_tcp=eth, variants={})
+        row = dict(rep=r, ib_send_bw=ib, eth0_tcp=eth, ib_send_lat=iblat("iblat"), ib_send_lat_e=iblat("iblat-e"),
+                   eth0_latency=latency(out, f"r{r}.eth0lat"), variants={},
+                   recovery=restart(out, f"r{r}.recovery"), restart_udp=restart(out, f"r{r}.restartudp"))
         for pre in pres:
-            row["variants"][names[pre]] = variant(out, r, pre)
-        checks = [("ib_send_bw", ib), ("eth0 TCP", eth)]
+            row["variants"][names[pre]] = variant(out, r, pre, sweep_steps)
+        el = row["eth0_latency"]
+        checks = [("ib_send_bw", ib), ("eth0 TCP", eth), ("ib_send_lat", row["ib_send_lat"]),
+                  ("ib_send_lat -e", row["ib_send_lat_e"]), ("qperf tcp_lat eth0", el["tcp_lat_us"]),
+                  ("qperf udp_lat eth0", el["udp_lat_us"]), ("ping eth0", el["ping_avg_us"])]
         for pre in pres:
             v = row["variants"][names[pre]]
-            checks += [(f"uipoib TCP ({names[pre]})", v["tcp"]), (f"uipoib UDP ({names[pre]})", v["udp"])]
+            vl = v["latency"]
+            checks += [(f"uipoib TCP ({names[pre]})", v["tcp"]), (f"uipoib UDP ({names[pre]})", v["udp"]),
+                       (f"qperf tcp_lat uipoib ({names[pre]})", vl["tcp_lat_us"]),
+                       (f"qperf udp_lat uipoib ({names[pre]})", vl["udp_lat_us"]),
+                       (f"ping uipoib ({names[pre]})", vl["ping_avg_us"]),
+                       (f"UDP lossless rate ({names[pre]}: a sweep step)", v["sweep"]["lossless_mbit"])]
+        rec, ru = row["recovery"], row["restart_udp"]
+        checks += [("recovery from a poll failure", rec["recovery_ms"]),
+                   ("TCP session during the recovery run", rec["session_intact"]),
+                   ("TCP retransmits of the recovery run", rec["retransmits"]),
+                   ("rxe rx lost during the recovery run", rec["rx_lost_rxe"]),
+                   ("daemon drops during the recovery run", rec["daemon_drops_a"]),
+                   ("UDP datagrams lost over a restart", ru["lost_packets"]),
+                   ("recovery from a poll failure under UDP", ru["recovery_ms"])]
         missing += [f"rep {r}: {n}" for n, v in checks if v is None]
         rows.append(row)
 
+    W = 40  # the label column
     lines = []
     p = lines.append
     p("uipoib performance over rxe (scripts/perf)")
@@ -222,14 +446,14 @@ def perf(args):
         p("  " + l)
     p(f"  message size {msg} B (rxe active MTU); uip0 MTU {uip_mtu}; {reps} rep(s)")
     p("")
-    hdr = f"{'measurement':<36} " + " ".join(f"{'rep ' + str(r['rep']):>9}" for r in rows) + f" {'median':>9} {'spread':>15}"
+    hdr = f"{'measurement':<{W}} " + " ".join(f"{'rep ' + str(r['rep']):>9}" for r in rows) + f" {'median':>9} {'spread':>15}"
     p(hdr)
     p("-" * len(hdr))
 
     def line(label, vals, spec=".1f"):
         s = spread(vals)
         sp = "-" if s is None else f"{format(s[0], spec)}-{format(s[1], spec)}"
-        p(f"{label:<36} " + " ".join(f"{fmt(v, spec):>9}" for v in vals) + f" {fmt(med(vals), spec):>9} {sp:>15}")
+        p(f"{label:<{W}} " + " ".join(f"{fmt(v, spec):>9}" for v in vals) + f" {fmt(med(vals), spec):>9} {sp:>15}")
         return med(vals)
 
     summary = {}
@@ -250,46 +474,88 @@ def perf(args):
         line(f"iperf3 UDP uipoib{tag} offered", [(v["udp"] or {}).get("offered") for v in vv])
         summary[f"uip_udp_mbit{tag}"] = line(f"iperf3 UDP uipoib{tag} recvd", udp)
         summary[f"uip_udp_loss_percent{tag}"] = line(f"  UDP loss %{tag}", [(v["udp"] or {}).get("lost_percent") for v in vv], ".2f")
+        lossless = [v["sweep"]["lossless_mbit"] for v in vv]
+        vals[n] += (lossless,)
+        summary[f"uip_udp_lossless_mbit{tag}"] = line(f"UDP lossless uipoib{tag}".ljust(27) + "Mbit/s", lossless)
     p("")
     for pre in pres:
         n = names[pre]
         tag = "" if not has_alt else f" [{n}]"
-        tcp, udp = vals[n]
+        tcp, udp, lossless = vals[n]
         summary[f"ratio_uip_tcp_vs_ib{tag}"] = line(f"ratio TCP uipoib{tag} / ib_send_bw", [ratio(a, b) for a, b in zip(tcp, ibs)], ".3f")
         summary[f"ratio_uip_udp_vs_ib{tag}"] = line(f"ratio UDP uipoib{tag} / ib_send_bw", [ratio(a, b) for a, b in zip(udp, ibs)], ".3f")
         summary[f"ratio_uip_tcp_vs_eth0{tag}"] = line(f"ratio TCP uipoib{tag} / TCP eth0", [ratio(a, b) for a, b in zip(tcp, eths)], ".3f")
+        summary[f"ratio_uip_udp_lossless_vs_ib{tag}"] = line(f"ratio UDP lossless{tag} / ib_send_bw", [ratio(a, b) for a, b in zip(lossless, ibs)], ".3f")
     summary["ratio_eth0_tcp_vs_ib"] = line("ratio TCP eth0 / ib_send_bw", [ratio(a, b) for a, b in zip(eths, ibs)], ".3f")
+
+    # Latency, one way (ib_send_lat, qperf) or round trip (ping), in us.
+    p("")
+    iblat = [(r["ib_send_lat"] or {}).get("t_typical") for r in rows]
+    iblat_e = [(r["ib_send_lat_e"] or {}).get("t_typical") for r in rows]
+    summary["ib_send_lat_typical_us"] = line("ib_send_lat UD 64 B t_typical     us", iblat)
+    summary["ib_send_lat_min_us"] = line("  t_min                            us", [(r["ib_send_lat"] or {}).get("t_min") for r in rows])
+    summary["ib_send_lat_e_typical_us"] = line("ib_send_lat -e UD 64 B t_typical  us", iblat_e)
+    summary["ib_send_lat_e_min_us"] = line("  t_min                            us", [(r["ib_send_lat_e"] or {}).get("t_min") for r in rows])
+    el = [r["eth0_latency"] for r in rows]
+    summary["eth0_tcp_lat_us"] = line("qperf tcp_lat eth0                us", [x["tcp_lat_us"] for x in el])
+    summary["eth0_udp_lat_us"] = line("qperf udp_lat eth0                us", [x["udp_lat_us"] for x in el])
+    summary["eth0_ping_avg_us"] = line("ping eth0 avg                     us", [x["ping_avg_us"] for x in el])
+    summary["eth0_ping_min_us"] = line("  min                              us", [x["ping_min_us"] for x in el])
+    lats = {}
+    for pre in pres:
+        n = names[pre]
+        tag = "" if not has_alt else f" [{n}]"
+        vl = [r["variants"][n]["latency"] for r in rows]
+        lats[n] = vl
+        summary[f"uip_tcp_lat_us{tag}"] = line(f"qperf tcp_lat uipoib{tag}".ljust(34) + "us", [x["tcp_lat_us"] for x in vl])
+        summary[f"uip_udp_lat_us{tag}"] = line(f"qperf udp_lat uipoib{tag}".ljust(34) + "us", [x["udp_lat_us"] for x in vl])
+        summary[f"uip_ping_avg_us{tag}"] = line(f"ping uipoib{tag} avg".ljust(34) + "us", [x["ping_avg_us"] for x in vl])
+        summary[f"uip_ping_min_us{tag}"] = line("  min".ljust(34) + "us", [x["ping_min_us"] for x in vl])
+    p("")
+    for pre in pres:
+        n = names[pre]
+        tag = "" if not has_alt else f" [{n}]"
+        vl = lats[n]
+        summary[f"ratio_uip_tcp_lat_vs_ib_send_lat{tag}"] = line(
+            f"ratio tcp_lat uipoib{tag} / ib_send_lat", [ratio(x["tcp_lat_us"], b) for x, b in zip(vl, iblat)], ".3f")
+        summary[f"ratio_uip_tcp_lat_vs_eth0{tag}"] = line(
+            f"ratio tcp_lat uipoib{tag} / eth0", [ratio(x["tcp_lat_us"], e["tcp_lat_us"]) for x, e in zip(vl, el)], ".3f")
+        summary[f"ratio_uip_udp_lat_vs_eth0{tag}"] = line(
+            f"ratio udp_lat uipoib{tag} / eth0", [ratio(x["udp_lat_us"], e["udp_lat_us"]) for x, e in zip(vl, el)], ".3f")
+        summary[f"ratio_uip_ping_vs_eth0{tag}"] = line(
+            f"ratio ping uipoib{tag} / eth0 (avg)", [ratio(x["ping_avg_us"], e["ping_avg_us"]) for x, e in zip(vl, el)], ".3f")
+    summary["ratio_ib_send_lat_e_vs_poll"] = line("ratio ib_send_lat -e / ib_send_lat", [ratio(a, b) for a, b in zip(iblat_e, iblat)], ".3f")
+    p("  targets: tcp_lat uipoib / ib_send_lat <= 2.0; UDP lossless / ib_send_bw >= 0.8")
     if has_alt:
-        (bt, bu), (at, au) = vals[names[""]], vals[names["alt."]]
+        (bt, bu, bl), (at, au, al) = vals[names[""]], vals[names["alt."]]
+        blat, alat = lats[names[""]], lats[names["alt."]]
         p("")
         summary["alt_vs_base_tcp"] = line(f"TCP {names['alt.']} / {names['']} (same rep)", [ratio(a, b) for a, b in zip(at, bt)], ".3f")
         summary["alt_vs_base_udp"] = line(f"UDP {names['alt.']} / {names['']} (same rep)", [ratio(a, b) for a, b in zip(au, bu)], ".3f")
-    # Recovery from one injected poll failure under TCP load (uip0), per rep: the newest
-    # poll-failed restart record in a's status after the rep's recovery run.
-    rec, intact = [], []
-    for r in range(1, reps + 1):
-        ms = None
-        try:
-            with open(os.path.join(out, "raw", f"r{r}.recovery.status.a.json")) as fh:
-                hist = [h for h in json.load(fh).get("history", []) if h.get("cause") == "poll-failed"]
-            if hist:
-                ms = hist[-1].get("recovery_ms")
-        except Exception:
-            pass
-        rec.append(ms)
-        ok = None
-        try:
-            with open(os.path.join(out, "raw", f"r{r}.recovery.json")) as fh:
-                j = json.load(fh)
-            ok = 1.0 if "error" not in j and j.get("end", {}).get("sum_received", {}).get("bytes", 0) > 0 else 0.0
-        except Exception:
-            pass
-        intact.append(ok)
+        summary["alt_vs_base_udp_lossless"] = line(f"UDP lossless {names['alt.']} / {names['']} (same rep)",
+                                                   [ratio(a, b) for a, b in zip(al, bl)], ".3f")
+        summary["alt_vs_base_tcp_lat"] = line(f"tcp_lat {names['alt.']} / {names['']} (same rep)",
+                                              [ratio(a["tcp_lat_us"], b["tcp_lat_us"]) for a, b in zip(alat, blat)], ".3f")
+    # Recovery from one injected poll failure under load (uip0), per rep: the restart
+    # record a's status gained during the run, what the run lost over it.
+    recs = [r["recovery"] for r in rows]
+    rus = [r["restart_udp"] for r in rows]
     p("")
-    summary["recovery_ms"] = line("recovery from one poll failure  ms", rec, ".1f")
-    summary["recovery_session_intact"] = line("  TCP session intact (1 = yes)", intact, ".0f")
-    missing += [f"rep {r}: recovery from a poll failure" for r, v in enumerate(rec, 1) if v is None]
-    missing += [f"rep {r}: TCP session during the recovery run" for r, v in enumerate(intact, 1) if v is None]
+    summary["recovery_ms"] = line("recovery from one poll failure  ms", [x["recovery_ms"] for x in recs], ".1f")
+    summary["recovery_session_intact"] = line("  TCP session intact (1 = yes)", [x["session_intact"] for x in recs], ".0f")
+    summary["recovery_tcp_retransmits"] = line("  TCP retransmits per restart", [x["retransmits"] for x in recs], ".0f")
+    summary["recovery_rx_lost_rxe"] = line("  rx lost per restart (rxe)", [x["rx_lost_rxe"] for x in recs], ".0f")
+    summary["recovery_daemon_drops"] = line("  daemon drops per restart (a)", [x["daemon_drops_a"] for x in recs], ".0f")
+    summary["recovery_lost_between_daemons"] = line("  b daemon sent - a daemon received", [x["where_lost"]["between_daemons"] for x in recs], ".0f")
+    summary["restart_udp_lost_packets"] = line("UDP datagrams lost per restart", [x["lost_packets"] for x in rus], ".0f")
+    line("  UDP datagrams in the run", [x["packets"] for x in rus], ".0f")
+    summary["restart_udp_recovery_ms"] = line("  recovery ms (UDP run)", [x["recovery_ms"] for x in rus], ".1f")
+    summary["restart_udp_rx_lost_rxe"] = line("  rx lost per restart (rxe, UDP run)", [x["rx_lost_rxe"] for x in rus], ".0f")
+    summary["restart_udp_lost_between_daemons"] = line("  b daemon sent - a daemon received", [x["where_lost"]["between_daemons"] for x in rus], ".0f")
+    for r, x, y in zip(rows, rus, recs):
+        p(f"  rep {r['rep']} under TCP: restarts seen {y['restarts']}; {where_text(y['where_lost'])}")
+        p(f"  rep {r['rep']} under UDP: restarts seen {x['restarts']}; lost {fmt(x['lost_packets'], '.0f')} of "
+          f"{fmt(x['packets'], '.0f')}: {where_text(x['where_lost'])}")
 
     for pre in pres:
         n = names[pre]
@@ -315,11 +581,26 @@ def perf(args):
             p(f"  rep {row['rep']}: daemon drops b {lb['daemon_drops']}, a {la['daemon_drops']}; "
               f"b TAP tx {tb.get('tx_packets', '-')} (dropped {tb.get('tx_dropped', '-')}), "
               f"b daemon sent {(lb['daemon'] or {}).get('tx_packets', '-')}; "
-              f"a daemon received {(la['daemon'] or {}).get('rx_packets', '-')}, a TAP rx dropped {ta.get('rx_dropped', '-')}")
+              f"a daemon received {(la['daemon'] or {}).get('rx_packets', '-')}, a TAP rx dropped {ta.get('rx_dropped', '-')}, "
+              f"a backlog dropped {fmt(la['backlog_dropped'], '.0f')}, a UDP socket dropped {fmt((la['udp'] or {}).get('RcvbufErrors'), '.0f')}")
             for role in ("b", "a"):
                 rx = ul[role]["rxe"]
                 if rx:
                     p(f"    rxe counters on {role}: " + ", ".join(f"{k} +{v}" for k, v in sorted(rx.items())))
+        p("")
+        p(f"UDP rate sweep through uipoib{tag} (-b asked, sent and received Mbit/s, loss; lossless: < 1 % loss;")
+        p("  where datagrams were lost: b's TAP queue, the daemons' drops, between the daemons (of it rxe's")
+        p("  rcvd_pkts - rdma_recvs on a), a's TAP, a's input backlog, a's UDP socket receive buffer):")
+        for row in rows:
+            sw = row["variants"][n]["sweep"]
+            p(f"  rep {row['rep']}: ib_send_bw {fmt(row['ib_send_bw'])}, lossless {fmt(sw['lossless_mbit'])} Mbit/s")
+            for st in sw["steps"]:
+                if st.get("missing"):
+                    p(f"    step {st['step']}: -b {fmt(st['target_mbit'])}: no result")
+                    continue
+                p(f"    step {st['step']}: -b {fmt(st['target_mbit']):>6} sent {fmt(st['offered_mbit']):>6} "
+                  f"recvd {fmt(st['received_mbit']):>6} loss {fmt(st['lost_percent'], '.2f'):>6}% "
+                  f"{'pass' if st['passed'] else 'FAIL'}; lost {st['lost_packets']}: {where_text(st['where_lost'])}")
 
     for role in ("a", "b"):
         st = read(os.path.join(raw, f"prof.strace.{role}.txt"))
