@@ -143,6 +143,7 @@ fn config(i: usize, recv: u32, send: u32) -> IfaceConfig {
         neigh_max_age: Duration::from_secs(3600),
         tx_timeout: Duration::from_secs(3),
         poll_failure: Default::default(),
+        busy_poll: Default::default(),
         neigh_view: Default::default(),
     }
 }

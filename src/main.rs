@@ -139,6 +139,10 @@ struct TuneArgs {
     /// Frames read from the TAP per turn (posted as one chain).
     #[arg(long)]
     tx_batch: Option<u32>,
+    /// Keep polling the CQs and the TAP this many microseconds after the last packet
+    /// instead of arming and sleeping: lower latency for CPU time (0: off).
+    #[arg(long, value_name = "MICROSECONDS")]
+    busy_poll_us: Option<u64>,
     /// Q_Key of the UD QP.
     #[arg(long, value_parser = parse_u32)]
     qkey: Option<u32>,
@@ -744,6 +748,7 @@ impl TuneArgs {
             send_ring: self.send_ring,
             poll_batch: self.poll_batch,
             tx_batch: self.tx_batch,
+            busy_poll_us: self.busy_poll_us,
             qkey: self.qkey,
             group: self.group.clone(),
             tap_offload: self.tap_offload,
@@ -799,6 +804,7 @@ fn flag_keys(a: &UpArgs) -> Vec<&'static str> {
         ("send-ring", t.send_ring.is_some()),
         ("poll-batch", t.poll_batch.is_some()),
         ("tx-batch", t.tx_batch.is_some()),
+        ("busy-poll-us", t.busy_poll_us.is_some()),
         ("qkey", t.qkey.is_some()),
         ("group", t.group.is_some()),
         ("tap-offload", t.tap_offload.is_some()),

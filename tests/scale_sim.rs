@@ -126,6 +126,7 @@ fn config(i: usize, neigh_capacity: u32, send_slots: u32) -> IfaceConfig {
         neigh_max_age: Duration::from_secs(300),
         tx_timeout: Duration::from_secs(3),
         poll_failure: Default::default(),
+        busy_poll: Default::default(),
         neigh_view: Default::default(),
     }
 }

@@ -143,6 +143,7 @@ pub fn params(device: &str, addr: Ipv4Addr) -> IfaceConfig {
         neigh_max_age: Duration::from_secs(300),
         tx_timeout: uipoib::runtime::config::DEFAULT_TX_TIMEOUT,
         poll_failure: Default::default(),
+        busy_poll: Default::default(),
         neigh_view: Default::default(),
     }
 }

@@ -142,6 +142,7 @@ fn params(device: &str, addr: Ipv4Addr, m: u8, tx_batch: u32) -> IfaceConfig {
         neigh_max_age: Duration::from_secs(300),
         tx_timeout: Duration::from_secs(3),
         poll_failure: Default::default(),
+        busy_poll: Default::default(),
         neigh_view: Default::default(),
     }
 }

@@ -264,7 +264,8 @@ counters! {
     polls,
     /// Polls that used their whole budget and yielded.
     budget_exhausted,
-    /// Times both CQs were re-armed.
+    /// Times the CQs were re-armed (the receive CQ; the send CQ too when frames wait for a
+    /// send slot).
     rearms,
     /// Polls after re-arming that found completions (the missed-event race, caught).
     caught_after_rearm,
@@ -272,6 +273,9 @@ counters! {
     cq_events,
     /// Completion events that found nothing to poll.
     spurious_events,
+    /// Polls that found nothing inside the busy-poll window and polled again instead of
+    /// arming (`busy-poll-us`).
+    busy_polls,
     /// Times the TAP reader stopped because the send ring was full.
     tx_backpressure,
     /// TCP super-frames read from the TAP (segmentation offload).

@@ -32,7 +32,7 @@ use crate::iface::napi::{Action, Napi, TxGate};
 use crate::iface::stats;
 use crate::iface::{Failure, Interface};
 use crate::tap::TapDevice;
-use crate::verbs::{AsyncEvent, Endpoint, WaitFds};
+use crate::verbs::{AsyncEvent, CqKind, Endpoint, WaitFds};
 
 const TAP: Token = Token(0);
 const CQ: Token = Token(1);
@@ -278,7 +278,7 @@ fn run(
     fds: WaitFds,
     request: &AtomicU8,
 ) -> Exit {
-    let mut napi = Napi::new(iface.budget());
+    let mut napi = Napi::new(iface.budget()).with_busy_poll(iface.busy_poll());
     let mut gate = TxGate::new();
     let mut events = Events::with_capacity(64);
     let mut next_hk = Instant::now() + HOUSEKEEPING_INTERVAL;
@@ -287,6 +287,17 @@ fn run(
     let result: Result<(), Failure> = (|| {
         loop {
             let now = Instant::now();
+            // About to sleep with frames waiting for a send slot: only a send completion
+            // can wake the poller then, and the send CQ is armed only for this.
+            if !napi.poll_due()
+                && gate.pending()
+                && iface.free_send_slots() == 0
+                && !iface.armed(CqKind::Send)
+            {
+                iface.arm(CqKind::Send)?;
+                // A completion that came before the arm raises no event: look once more.
+                iface.poll_tx(now)?;
+            }
             let busy = napi.poll_due() || (gate.pending() && iface.free_send_slots() > 0);
             let timeout = if busy {
                 Duration::ZERO
@@ -361,12 +372,19 @@ fn run(
             if napi.poll_due() {
                 let rx = iface.poll_rx(tap, now)?;
                 let tx = iface.poll_tx(now)?;
-                if napi.polled(rx, tx) == Action::ArmAndRecheck {
-                    // Every CQ but one the `skip` policy left after a failed poll.
-                    iface.arm_cqs()?;
-                    let rx = iface.poll_rx(tap, now)?;
-                    let tx = iface.poll_tx(now)?;
-                    napi.polled(rx, tx);
+                match napi.polled(rx, tx, now) {
+                    Action::ArmAndRecheck => {
+                        // The receive CQ, and the send CQ only if frames wait for a slot
+                        // (never a CQ the `skip` policy left after a failed poll).
+                        iface.arm_cqs(gate.pending())?;
+                        let rx = iface.poll_rx(tap, now)?;
+                        let tx = iface.poll_tx(now)?;
+                        napi.polled(rx, tx, now);
+                    }
+                    // Busy polling and nothing found: let the thread that the last
+                    // delivery woke run first (one CPU may be all there is).
+                    Action::BusyPoll if rx + tx == 0 => std::thread::yield_now(),
+                    _ => {}
                 }
             }
             // TX's turn. When the ring runs low, reap send completions first.
@@ -377,7 +395,9 @@ fn run(
             if iface.take_poll_retry() {
                 napi.retry();
             }
-            iface.tx_from_tap(tap, &mut gate, now)?;
+            if iface.tx_from_tap(tap, &mut gate, now)? > 0 {
+                napi.on_tx_work(now);
+            }
             if now >= next_hk {
                 iface.housekeeping(now)?;
                 next_hk = now + HOUSEKEEPING_INTERVAL;
@@ -451,6 +471,7 @@ impl Published {
             c.caught_after_rearm - p.caught_after_rearm,
         );
         stats::add(&s.cq_events, c.events - p.events);
+        stats::add(&s.busy_polls, c.busy_polls - p.busy_polls);
         stats::add(&s.spurious_events, c.spurious_events - p.spurious_events);
         stats::add(&s.tx_backpressure, gate.backpressure() - self.backpressure);
         self.napi = c;

@@ -150,6 +150,7 @@ pub fn params(device: &str, addr: &str, recv: u32, send: u32) -> IfaceConfig {
         neigh_max_age: Duration::from_secs(300),
         tx_timeout: Duration::from_secs(3),
         poll_failure: Default::default(),
+        busy_poll: Default::default(),
         neigh_view: Default::default(),
     }
 }

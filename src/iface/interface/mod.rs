@@ -77,6 +77,9 @@ pub struct IfaceConfig {
     pub tx_timeout: Duration,
     /// What a failed CQ poll does ([`PollFailurePolicy::Restart`] but in demonstrations).
     pub poll_failure: PollFailurePolicy,
+    /// How long the poller keeps polling the CQs and the TAP, without arming or
+    /// sleeping, after the last work (zero: never; see [`crate::iface::napi`]).
+    pub busy_poll: Duration,
     /// Where every epoch publishes its neighbour table at housekeeping (for the
     /// control socket's `neigh`); shared by the clones of this configuration.
     pub neigh_view: NeighView,
@@ -291,6 +294,7 @@ pub struct Interface {
     probe: Vec<IpAddr>,
     log: RateLimit,
     tx_timeout: Duration,
+    busy_poll: Duration,
     /// Set while `close` drains flushes (expected then).
     draining: bool,
     /// Set when a `poll_cq` of this epoch failed (or a post left unknown what was posted,
@@ -463,6 +467,7 @@ impl Interface {
             probe: Vec::new(),
             log: RateLimit::new(10),
             tx_timeout: p.tx_timeout,
+            busy_poll: p.busy_poll,
             draining: false,
             untrusted: false,
             broken: None,
@@ -528,6 +533,11 @@ impl Interface {
     /// Receive completions per poll.
     pub fn budget(&self) -> usize {
         self.budget
+    }
+
+    /// The busy-poll window (zero: off).
+    pub fn busy_poll(&self) -> Duration {
+        self.busy_poll
     }
 
     /// Counters.
@@ -610,6 +620,10 @@ impl Interface {
     /// Periodic work: age neighbours and destroy their idle AHs, re-resolve peers that
     /// went silent while in use, and run the send-stall watchdog.
     pub fn housekeeping(&mut self, now: Instant) -> Result<(), Failure> {
+        // Send completions wait in their CQ unless something waits for a slot (the send
+        // CQ is armed only then): reap them, so that the counters and the watchdog below
+        // see what has completed.
+        self.poll_tx(now)?;
         // The next restart's QP and CQs are made ahead (a failure is counted; it does not
         // stop the datapath, and a renewal makes what is missing). The previous epoch's
         // are destroyed by the supervisor's reaper thread, never here: a destroy can

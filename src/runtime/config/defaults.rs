@@ -33,6 +33,13 @@ pub const DEFAULT_POLL_BATCH: u32 = 16;
 /// packet, `scripts/perf`), so a larger batch would not lengthen the chains there.
 pub const DEFAULT_TX_BATCH: u32 = 32;
 
+/// Busy polling after the last work: off unless asked for (docs/PERFORMANCE.md,
+/// "Latency", has what it gains and costs).
+pub const DEFAULT_BUSY_POLL: Duration = Duration::ZERO;
+
+/// The longest busy-poll window accepted, in microseconds.
+pub const MAX_BUSY_POLL_US: u64 = 100_000;
+
 /// Most neighbours kept; the least recently seen is evicted beyond this.
 pub const DEFAULT_NEIGH_CAPACITY: u32 = 4096;
 

@@ -37,6 +37,8 @@ pub struct ConfigKeys {
     pub poll_batch: Option<u32>,
     /// Frames per TX turn.
     pub tx_batch: Option<u32>,
+    /// Busy-poll window after the last work, in microseconds (0: off).
+    pub busy_poll_us: Option<u64>,
     /// Q_Key.
     pub qkey: Option<u32>,
     /// Broadcast group (IPv4 multicast address or a multicast GID).
@@ -113,6 +115,7 @@ impl ConfigKeys {
             send_ring: self.send_ring.or(other.send_ring),
             poll_batch: self.poll_batch.or(other.poll_batch),
             tx_batch: self.tx_batch.or(other.tx_batch),
+            busy_poll_us: self.busy_poll_us.or(other.busy_poll_us),
             qkey: self.qkey.or(other.qkey),
             group: self.group.or(other.group),
             neigh_capacity: self.neigh_capacity.or(other.neigh_capacity),

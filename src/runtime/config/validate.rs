@@ -44,6 +44,9 @@ pub struct Config {
     pub poll_batch: u32,
     /// Frames read from the TAP per turn.
     pub tx_batch: u32,
+    /// How long the poller keeps polling after the last work, without arming or sleeping
+    /// (zero: off).
+    pub busy_poll: Duration,
     /// Q_Key.
     pub qkey: u32,
     /// Broadcast group GID.
@@ -269,6 +272,18 @@ impl Config {
             1,
             send_ring,
         )?;
+        let busy_poll_us = f
+            .busy_poll_us
+            .unwrap_or(DEFAULT_BUSY_POLL.as_micros() as u64);
+        if busy_poll_us > MAX_BUSY_POLL_US {
+            return Err(ConfigError::Invalid {
+                key: "busy-poll-us",
+                why: format!(
+                    "{busy_poll_us} is outside 0..={MAX_BUSY_POLL_US} (microseconds of polling \
+                     after the last packet; 0 turns it off)"
+                ),
+            });
+        }
         let qkey = f.qkey.unwrap_or(DEFAULT_QKEY);
         if qkey & 0x8000_0000 != 0 {
             return Err(ConfigError::Invalid {
@@ -390,6 +405,7 @@ impl Config {
             send_ring,
             poll_batch,
             tx_batch,
+            busy_poll: Duration::from_micros(busy_poll_us),
             qkey,
             group,
             neigh_capacity,
@@ -461,8 +477,16 @@ impl Config {
         }
         let _ = writeln!(
             t,
-            "  poll: budget {}, {} completions per poll_cq, {} TAP frames per turn; on a failed poll: {}",
-            self.budget, self.poll_batch, self.tx_batch, self.poll_failure
+            "  poll: budget {}, {} completions per poll_cq, {} TAP frames per turn, busy poll {}; on a failed poll: {}",
+            self.budget,
+            self.poll_batch,
+            self.tx_batch,
+            if self.busy_poll.is_zero() {
+                "off".to_string()
+            } else {
+                format!("{} us", self.busy_poll.as_micros())
+            },
+            self.poll_failure
         );
         let _ = writeln!(
             t,
@@ -506,6 +530,7 @@ impl Config {
             neigh_max_age: self.neigh_max_age,
             tx_timeout: self.tx_timeout,
             poll_failure: self.poll_failure,
+            busy_poll: self.busy_poll,
             neigh_view: Default::default(),
         }
     }
