@@ -15,6 +15,7 @@ use uipoib::iface::stats::Snapshot;
 use uipoib::runtime::config::{AddrList, Config, ConfigError, ConfigKeys};
 use uipoib::runtime::control;
 use uipoib::runtime::daemon::{self, Launch};
+use uipoib::runtime::kernel::KernelCounters;
 use uipoib::runtime::supervisor::Status;
 use uipoib::scenario::{Runner, Scenario};
 use uipoib::verbs::fault::FaultSpec;
@@ -1008,7 +1009,20 @@ fn query(q: &QueryArgs, cmd: &str) -> ExitCode {
                 println!("{body}");
             } else if cmd == "stats" {
                 match serde_json::from_value::<Snapshot>(body.clone()) {
-                    Ok(s) => print!("{}", s.to_text()),
+                    Ok(s) => {
+                        print!("{}", s.to_text());
+                        let k = &body["kernel"];
+                        if let Ok(c) = serde_json::from_value::<KernelCounters>(k.clone()) {
+                            print!(
+                                "{}",
+                                c.to_text(
+                                    k["tap_name"].as_str().unwrap_or("?"),
+                                    k["device"].as_str().unwrap_or("?"),
+                                    k["port"].as_u64().unwrap_or(0) as u8
+                                )
+                            );
+                        }
+                    }
                     Err(e) => {
                         eprintln!("uipoib: unexpected stats from the daemon: {e}");
                         return ExitCode::from(1);

@@ -267,6 +267,7 @@ fn start(spec: &Launch, provider: Arc<dyn Provider>) -> Result<Running, DaemonEr
         state: "starting".into(),
         tap: c.tap.clone(),
         device: c.device.clone(),
+        port: c.port,
         addr: c.addr.to_string(),
         addr6: addr6.clone(),
         epoch: 1,

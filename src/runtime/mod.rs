@@ -5,6 +5,7 @@
 pub mod config;
 pub mod control;
 pub mod daemon;
+pub mod kernel;
 pub mod metrics;
 pub mod notify;
 pub mod poller;

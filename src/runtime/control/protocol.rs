@@ -82,7 +82,26 @@ pub(super) fn handle_line(line: &str, cx: &Served) -> Value {
     }
     match cmd {
         "ping" => json!({"ok": true}),
-        "stats" => json!({"ok": true, "stats": stats.snapshot()}),
+        "stats" => {
+            let mut v = json!({"ok": true, "stats": stats.snapshot()});
+            // What the kernel dropped before the daemon saw it (the TAP's queue, the
+            // port), when this server serves a live interface.
+            let at = status
+                .lock()
+                .ok()
+                .filter(|s| !s.tap.is_empty())
+                .map(|s| (s.tap.clone(), s.device.clone(), s.port));
+            if let Some((tap, device, port)) = at {
+                let k = crate::runtime::kernel::read(&tap, &device, port);
+                v["stats"]["kernel"] = json!({"tap_name": tap, "device": device, "port": port});
+                if let (Value::Object(m), Ok(Value::Object(r))) =
+                    (&mut v["stats"]["kernel"], serde_json::to_value(&k))
+                {
+                    m.extend(r);
+                }
+            }
+            v
+        }
         "neigh" => super::neigh::reply(&cx.neigh.read(), std::time::Instant::now()),
         "status" => {
             let mut s = status.lock().map(|s| s.clone()).unwrap_or_default();

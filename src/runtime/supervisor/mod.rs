@@ -79,6 +79,9 @@ pub struct Status {
     pub tap: String,
     /// RDMA device.
     pub device: String,
+    /// Its port.
+    #[serde(default)]
+    pub port: u8,
     /// Local QPN of the current epoch.
     pub qpn: u32,
     /// Local GID of the current epoch.
