@@ -469,10 +469,15 @@ fn slow_polls_keep_traffic_flowing() {
     let t = Instant::now();
     both_ways(&a, &b, 10);
     both_ways(&a, &b, 20);
-    assert!(switch.fired(FaultKind::SlowPoll) >= 4);
+    // Each slowed poll sleeps 20 ms in a poller (the two pollers may sleep at once).
+    // How many polls the exchanges take depends on the loop (a send completion raises
+    // no event unless a sender waits for a slot), not on the fault.
+    let fired = switch.fired(FaultKind::SlowPoll);
+    assert!(fired >= 2, "only {fired} polls slowed");
     assert!(
-        t.elapsed() >= Duration::from_millis(80),
-        "polls were slowed"
+        t.elapsed() >= Duration::from_millis(10) * fired as u32,
+        "polls were slowed: {fired} in {:?}",
+        t.elapsed()
     );
     switch.clear();
     both_ways(&a, &b, 30);

@@ -283,7 +283,7 @@ fn run(
     let mut events = Events::with_capacity(64);
     let mut next_hk = Instant::now() + HOUSEKEEPING_INTERVAL;
     let mut published = Published::default();
-    iface.announce(Instant::now());
+    iface.announce_once(Instant::now());
     let result: Result<(), Failure> = (|| {
         loop {
             let now = Instant::now();
@@ -374,11 +374,26 @@ fn run(
                 let tx = iface.poll_tx(now)?;
                 match napi.polled(rx, tx, now) {
                     Action::ArmAndRecheck => {
+                        // Frames just written to the TAP may have woken a local
+                        // application whose answer (on one CPU: already written, the
+                        // application ran when our write returned) waits in the TAP now:
+                        // it is read and posted before the arm and the wait, which then
+                        // happen while the peer works, not on the answer's way out.
+                        if rx > 0 {
+                            gate.on_readable();
+                            if iface.tx_from_tap(tap, &mut gate, now)? > 0 {
+                                napi.on_tx_work(now);
+                            }
+                        }
                         // The receive CQ, and the send CQ only if frames wait for a slot
                         // (never a CQ the `skip` policy left after a failed poll).
                         iface.arm_cqs(gate.pending())?;
                         let rx = iface.poll_rx(tap, now)?;
                         let tx = iface.poll_tx(now)?;
+                        // The recheck closes the race for the CQs just armed: send
+                        // completions found on an unarmed send CQ (the send just posted
+                        // above, typically) missed no event and need no other round.
+                        let tx = if iface.armed(CqKind::Send) { tx } else { 0 };
                         napi.polled(rx, tx, now);
                     }
                     // Busy polling and nothing found: let the thread that the last
