@@ -301,6 +301,8 @@ pub struct Interface {
     /// or the QP could not be moved to the error state): no CQ of this epoch is polled again (not even by the teardown's drain),
     /// and the QP is destroyed before anything it may own is reaped or re-posted.
     untrusted: bool,
+    /// This epoch has announced its address (gratuitous ARP, unsolicited advertisements).
+    announced: bool,
     /// A verb failed in a way that leaves the ledger unsure of what was posted (a
     /// `bad_wr` outside the chain): the next call from the poller hands over.
     broken: Option<VerbsError>,
@@ -470,6 +472,7 @@ impl Interface {
             busy_poll: p.busy_poll,
             draining: false,
             untrusted: false,
+            announced: false,
             broken: None,
             unexpected_flushes: 0,
             open_times: times,

@@ -233,6 +233,7 @@ impl Interface {
 
     /// Announce this interface's address (gratuitous ARP to the broadcast group).
     pub fn announce(&mut self, now: Instant) {
+        self.announced = true;
         let msg = translate::arp_request(self.own_hw, self.addr.addr, self.addr.addr);
         let dest = self.group_dest();
         if let Err(r) = self.push_arp(&msg, dest) {
@@ -247,6 +248,14 @@ impl Interface {
             }
         }
         self.flush_chain(now);
+    }
+
+    /// [`Interface::announce`], unless this epoch already did: the supervisor announces a
+    /// rebuilt interface as soon as its receive ring is posted, before its poller starts.
+    pub fn announce_once(&mut self, now: Instant) {
+        if !self.announced {
+            self.announce(now);
+        }
     }
 
     pub(super) fn group_dest(&self) -> (Dest, Option<AhHandle>) {

@@ -488,6 +488,10 @@ impl SupervisorThread {
         let hw = iface.hw_addr();
         let mtu = iface.mtu() as u32;
         self.watch_retired(&mut iface);
+        // Peers learn the new QPN from this announcement and send to the old one until it
+        // arrives, into nothing: it goes now, with the receive ring posted, not after the
+        // poller thread has started and the carrier is on.
+        iface.announce_once(Instant::now());
         let start = Instant::now();
         let p = Poller::try_spawn(
             self.s.name.clone(),
