@@ -535,6 +535,15 @@ def e2e_assert(out, rep):
         check(bool(lines) and all(x == "ledger balanced" for x in lines),
               f"daemon {r}'s exit log says 'ledger balanced' (every interface)",
               "; ".join(lines) or f"no ledger line in uipoib-{r}.log")
+    for r in "ab":
+        k = ((rep.get("daemons") or {}).get(r) or {}).get("stats") or {}
+        k = k.get("kernel") or {}
+        tap, port = k.get("tap") or {}, k.get("port") or {}
+        check((tap.get("tx_packets") or 0) > 0 and (port.get("rcvd_pkts") or 0) > 0 and not k.get("unreadable"),
+              f"daemon {r}'s stats show the kernel's counters (the TAP's, rxe's hw_counters)",
+              f"TAP tx_packets {tap.get('tx_packets')} tx_dropped {tap.get('tx_dropped')}, "
+              f"rxe rcvd_pkts {port.get('rcvd_pkts')} rdma_recvs {port.get('rdma_recvs')}"
+              + (f"; unreadable: {k.get('unreadable')}" if k.get("unreadable") else ""))
     for case, c in (rep.get("compare") or {}).items():
         passed = c.get("passed")
         check(passed is True, f"the comparison {case} ran and passed its checks",
