@@ -272,14 +272,14 @@ def latency(out, tag):
     )
 
 
-def sweep(out, r, pre, steps, limit=1.0):
+def sweep(out, r, pre, steps, limit=1.0, name="sweep"):
     """The UDP rate sweep of one variant in rep r: every step (the rate asked, what was sent
     and received, the loss and where it went) and the lossless rate: the highest offered
     rate with under LIMIT % loss (0 when no step passed; None when a step is missing)."""
     raw = os.path.join(out, "raw")
     res, best, complete = [], 0.0, True
     for k in range(1, steps + 1):
-        tag = f"r{r}.{pre}sweep.s{k}"
+        tag = f"r{r}.{pre}{name}.s{k}"
         v = load(os.path.join(raw, f"{tag}.json"))
         end = (v or {}).get("end") or {}
         rcv, snt = end.get("sum_received"), end.get("sum_sent") or {}
@@ -344,7 +344,7 @@ def spread(xs):
     return (min(xs), max(xs)) if xs else None
 
 
-def variant(out, r, pre, sweep_steps, tcp_secs_default=1):
+def variant(out, r, pre, sweep_steps, tcp_secs_default=1, windowed=False):
     """One variant's measurements in rep r (pre: "" or "alt.")."""
     raw = os.path.join(out, "raw")
     tcp = perf_iperf(os.path.join(raw, f"r{r}.{pre}uiptcp.json"))
@@ -374,7 +374,8 @@ def variant(out, r, pre, sweep_steps, tcp_secs_default=1):
             ctxt_per_packet=per(ctxt_delta(out, tag, role) or 0),
         )
     return dict(tcp=tcp, udp=udp, daemon=cost, udp_loss=where_lost(out, f"r{r}.{pre}uipudp"),
-                latency=latency(out, f"r{r}.{pre}uiplat"), sweep=sweep(out, r, pre, sweep_steps))
+                latency=latency(out, f"r{r}.{pre}uiplat"), sweep=sweep(out, r, pre, sweep_steps),
+                sweepw=sweep(out, r, pre, sweep_steps, name="sweepw") if windowed else None)
 
 
 def perf(args):
@@ -399,6 +400,7 @@ def perf(args):
         sweep_steps = int(env_val("PERF_UDP_SWEEP_STEPS", "5"))
     except ValueError:
         sweep_steps = 5
+    window = env_val("PERF_UDP_SWEEP_WINDOW", "")
 
     def iblat(name):
         # The client's output (b); the server prints the same table.
@@ -414,7 +416,7 @@ def perf(args):
                    eth0_latency=latency(out, f"r{r}.eth0lat"), variants={},
                    recovery=restart(out, f"r{r}.recovery"), restart_udp=restart(out, f"r{r}.restartudp"))
         for pre in pres:
-            row["variants"][names[pre]] = variant(out, r, pre, sweep_steps)
+            row["variants"][names[pre]] = variant(out, r, pre, sweep_steps, windowed=bool(window))
         el = row["eth0_latency"]
         checks = [("ib_send_bw", ib), ("eth0 TCP", eth), ("ib_send_lat", row["ib_send_lat"]),
                   ("ib_send_lat -e", row["ib_send_lat_e"]), ("qperf tcp_lat eth0", el["tcp_lat_us"]),
@@ -427,6 +429,8 @@ def perf(args):
                        (f"qperf udp_lat uipoib ({names[pre]})", vl["udp_lat_us"]),
                        (f"ping uipoib ({names[pre]})", vl["ping_avg_us"]),
                        (f"UDP lossless rate ({names[pre]}: a sweep step)", v["sweep"]["lossless_mbit"])]
+            if window:
+                checks.append((f"UDP lossless rate, -w {window} ({names[pre]}: a sweep step)", v["sweepw"]["lossless_mbit"]))
         rec, ru = row["recovery"], row["restart_udp"]
         checks += [("recovery from a poll failure", rec["recovery_ms"]),
                    ("TCP session during the recovery run", rec["session_intact"]),
@@ -477,15 +481,21 @@ def perf(args):
         lossless = [v["sweep"]["lossless_mbit"] for v in vv]
         vals[n] += (lossless,)
         summary[f"uip_udp_lossless_mbit{tag}"] = line(f"UDP lossless uipoib{tag}".ljust(27) + "Mbit/s", lossless)
+        if window:
+            lw = [v["sweepw"]["lossless_mbit"] for v in vv]
+            vals[n] += (lw,)
+            summary[f"uip_udp_lossless_w_mbit{tag}"] = line(f"  with -w {window}{tag}".ljust(27) + "Mbit/s", lw)
     p("")
     for pre in pres:
         n = names[pre]
         tag = "" if not has_alt else f" [{n}]"
-        tcp, udp, lossless = vals[n]
+        tcp, udp, lossless = vals[n][:3]
         summary[f"ratio_uip_tcp_vs_ib{tag}"] = line(f"ratio TCP uipoib{tag} / ib_send_bw", [ratio(a, b) for a, b in zip(tcp, ibs)], ".3f")
         summary[f"ratio_uip_udp_vs_ib{tag}"] = line(f"ratio UDP uipoib{tag} / ib_send_bw", [ratio(a, b) for a, b in zip(udp, ibs)], ".3f")
         summary[f"ratio_uip_tcp_vs_eth0{tag}"] = line(f"ratio TCP uipoib{tag} / TCP eth0", [ratio(a, b) for a, b in zip(tcp, eths)], ".3f")
         summary[f"ratio_uip_udp_lossless_vs_ib{tag}"] = line(f"ratio UDP lossless{tag} / ib_send_bw", [ratio(a, b) for a, b in zip(lossless, ibs)], ".3f")
+        if window:
+            summary[f"ratio_uip_udp_lossless_w_vs_ib{tag}"] = line(f"  with -w {window}{tag} / ib_send_bw", [ratio(a, b) for a, b in zip(vals[n][3], ibs)], ".3f")
     summary["ratio_eth0_tcp_vs_ib"] = line("ratio TCP eth0 / ib_send_bw", [ratio(a, b) for a, b in zip(eths, ibs)], ".3f")
 
     # Latency, one way (ib_send_lat, qperf) or round trip (ping), in us.
@@ -591,9 +601,12 @@ def perf(args):
         p(f"UDP rate sweep through uipoib{tag} (-b asked, sent and received Mbit/s, loss; lossless: < 1 % loss;")
         p("  where datagrams were lost: b's TAP queue, the daemons' drops, between the daemons (of it rxe's")
         p("  rcvd_pkts - rdma_recvs on a), a's TAP, a's input backlog, a's UDP socket receive buffer):")
-        for row in rows:
-            sw = row["variants"][n]["sweep"]
-            p(f"  rep {row['rep']}: ib_send_bw {fmt(row['ib_send_bw'])}, lossless {fmt(sw['lossless_mbit'])} Mbit/s")
+        for row, key in [(row, key) for key in ("sweep", "sweepw") for row in rows]:
+            sw = row["variants"][n].get(key)
+            if sw is None:
+                continue
+            how = "" if key == "sweep" else f" (iperf3 -w {window})"
+            p(f"  rep {row['rep']}{how}: ib_send_bw {fmt(row['ib_send_bw'])}, lossless {fmt(sw['lossless_mbit'])} Mbit/s")
             for st in sw["steps"]:
                 if st.get("missing"):
                     p(f"    step {st['step']}: -b {fmt(st['target_mbit'])}: no result")
