@@ -41,6 +41,14 @@ Usage: python3 lab/report KIND OUTDIR [options]   (the entry points call it)
       `scripts/perf recovery`: recovery times of the injected poll failures. Writes
       recovery-report.{txt,json}. Exit 1 if the session broke, a ledger did not balance
       or a restart is missing.
+  trace OUTDIR [--vm-rc N] [--tap TAP]
+      `scripts/perf trace`: where one request/response turnaround's time goes on guest a
+      (ft.uip.a.txt, ft.eth.a.txt: ftrace of a qperf tcp_lat ping-pong through uipoib and
+      over eth0), stage by stage, beside qperf's latency traced and untraced. TAP (default
+      PERF_TRACE_TAP of trace.env, else uip0) names the poller thread (poll-TAP). Without
+      --vm-rc it only analyses the traces. Writes trace-report.{txt,json}. Exit 1 if a
+      window's trace or a qperf result is missing or no turnaround fits (with --vm-rc also
+      on a failed guest step).
 
 Every JSON report has one envelope beside its own fields: "kind" (the KIND above), "ok"
 (the verdict the exit status gives) and "failures" (why ok is false; empty when ok).
@@ -53,6 +61,7 @@ from faults import faults
 from hosts import hosts
 from lab import e2e, hostile
 from perf import perf, perf_host, recovery
+from ftrace import trace
 
 
 # ---- the command line -----------------------------------------------------------------------------
@@ -81,6 +90,9 @@ def main():
     kind("perf", perf).add_argument("--vm-rc", type=int)
     kind("perf-host", perf_host).add_argument("reps", type=int)
     kind("recovery", recovery).add_argument("faults", type=int)
+    p = kind("trace", trace)
+    p.add_argument("--vm-rc", type=int)
+    p.add_argument("--tap")
     a = ap.parse_args()
     return a.func(a)
 

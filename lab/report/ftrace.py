@@ -1,0 +1,372 @@
+"""The report of scripts/perf trace: where one request/response turnaround's time goes on
+guest a, from an ftrace of a qperf tcp_lat ping-pong through uipoib and over eth0.
+
+A turnaround starts at a receive interrupt of the virtio NIC (`virtio*-input`) and ends
+when the reply leaves on eth0 (`net_dev_xmit dev=eth0`): through uipoib that is rxe's
+packet sent by the daemon's post_send, over eth0 the kernel's TCP segment. Its time is
+cut at events that must appear in a fixed order (below); a turnaround whose events do not
+fit that order, or that a second receive interrupt interrupts, is skipped and counted,
+never forced. The syscall numbers are x86_64's (the lab's guests).
+"""
+
+import os
+import re
+import statistics
+
+from common import read, read_env, fmt, finish, guest_failures, step_failure
+from perf import parse_qperf
+
+# x86_64 syscall numbers.
+SYS_READ, SYS_WRITE, SYS_IOCTL, SYS_WRITEV = 0, 1, 16, 20
+SYS_SENDTO, SYS_SENDMSG, SYS_EPOLL_WAIT = 44, 46, 232
+EAGAIN = -11
+COMM_MAX = 15  # a Linux thread name's length (TASK_COMM_LEN - 1)
+
+UIP_STAGES = [
+    ("rx", "rxe receive (irq -> NET_RX softirq exit)"),
+    ("wake", "completion event -> daemon running (TASKLET, switch, epoll_wait returns)"),
+    ("chan", "completion channel reads (until EAGAIN)"),
+    ("user", "daemon userspace before the TAP write"),
+    ("tapw", "TAP write (writev: TCP receive, app wake-up)"),
+    ("app", "application (qperf) until it sleeps (reply into the TAP)"),
+    ("after", "daemon outside the app: arm, epoll_wait, TAP reads"),
+    ("send", "post_send (uverbs write) -> eth0 transmit"),
+]
+ETH_STAGES = [
+    ("rx", "NET_RX (irq -> softirq exit: TCP receive, app wake-up)"),
+    ("wake", "softirq exit -> application running"),
+    ("app", "application until its send"),
+    ("send", "its send (write -> eth0 transmit)"),
+]
+
+LINE = re.compile(r"^\s*(?P<comm>.+)-(?P<pid>\d+)\s+\[(?P<cpu>\d+)\]\s+(?:\S+\s+)?(?P<ts>\d+\.\d+):\s+(?P<ev>\w+):\s?(?P<rest>.*)$")
+SWITCH = re.compile(r"prev_comm=(?P<prev>.*) prev_pid=\d+ prev_prio=\S+ prev_state=(?P<state>\S+) ==> next_comm=(?P<next>.*) next_pid=\d+")
+
+
+class Ev:
+    __slots__ = ("ts", "comm", "ev", "a", "b", "c")
+
+    def __init__(self, ts, comm, ev, a=None, b=None, c=None):
+        self.ts, self.comm, self.ev, self.a, self.b, self.c = ts, comm, ev, a, b, c
+
+
+def parse(text):
+    """(events, header facts). Events: irq (a=name), sirq_in/sirq_out (a=action), rx/tx
+    (a=dev), enter (a=nr, b=first argument), exit (a=nr, b=return), switch (a=prev comm,
+    b=prev state, c=next comm), wakeup (a=comm)."""
+    evs, lost = [], None
+    for line in text.splitlines():
+        if line.startswith("#"):
+            m = re.search(r"entries-in-buffer/entries-written: (\d+)/(\d+)", line)
+            if m:
+                lost = int(m.group(2)) - int(m.group(1))
+            continue
+        m = LINE.match(line)
+        if not m:
+            continue
+        ts, comm, ev, rest = float(m["ts"]) * 1e6, m["comm"].strip(), m["ev"], m["rest"]
+        if ev == "irq_handler_entry":
+            n = re.search(r"name=(\S+)", rest)
+            evs.append(Ev(ts, comm, "irq", n.group(1) if n else ""))
+        elif ev in ("softirq_entry", "softirq_exit"):
+            n = re.search(r"action=(\w+)", rest)
+            evs.append(Ev(ts, comm, "sirq_in" if ev == "softirq_entry" else "sirq_out", n.group(1) if n else ""))
+        elif ev in ("netif_receive_skb", "net_dev_xmit"):
+            n = re.search(r"dev=(\S+)", rest)
+            evs.append(Ev(ts, comm, "rx" if ev == "netif_receive_skb" else "tx", n.group(1) if n else ""))
+        elif ev == "sys_enter":
+            n = re.match(r"NR (\d+) \(([0-9a-f]+)", rest)
+            if n:
+                evs.append(Ev(ts, comm, "enter", int(n.group(1)), int(n.group(2), 16)))
+        elif ev == "sys_exit":
+            n = re.match(r"NR (\d+) = (-?\d+)", rest)
+            if n:
+                evs.append(Ev(ts, comm, "exit", int(n.group(1)), int(n.group(2))))
+        elif ev == "sched_switch":
+            n = SWITCH.search(rest)
+            if n:
+                evs.append(Ev(ts, comm, "switch", n["prev"], n["state"], n["next"]))
+        elif ev == "sched_wakeup":
+            n = re.search(r"comm=(.*) pid=\d+", rest)
+            if n:
+                evs.append(Ev(ts, comm, "wakeup", n.group(1)))
+    return evs, {"events": len(evs), "lost": lost}
+
+
+def is_rx_irq(e):
+    return e.ev == "irq" and e.a.startswith("virtio") and "-input" in e.a
+
+
+class Skip(Exception):
+    pass
+
+
+def find(evs, i, end, pred, why):
+    """The index of the first event in [i, end) that PRED accepts; Skip(WHY) if none."""
+    for k in range(i, end):
+        if pred(evs[k]):
+            return k
+    raise Skip(why)
+
+
+def net_rx_exit(evs, i, end):
+    """The index of the exit of the first NET_RX softirq that received on eth0, from the
+    interrupt EVS[I] on (or from the NET_RX softirq the interrupt arrived in)."""
+    k = i + 1
+    for j in range(i - 1, max(-1, i - 200), -1):
+        if evs[j].ev in ("sirq_in", "sirq_out"):
+            if evs[j].ev == "sirq_in" and evs[j].a == "NET_RX":
+                k = j
+            break
+    while True:
+        k = find(evs, k, end, lambda e: e.ev == "sirq_in" and e.a == "NET_RX", "no NET_RX softirq received on eth0")
+        x = find(evs, k, end, lambda e: e.ev == "sirq_out" and e.a == "NET_RX", "a NET_RX softirq without its exit")
+        if any(e.ev == "rx" and e.a == "eth0" for e in evs[k:x]):
+            return x
+        k = x + 1
+
+
+def overlap(a0, a1, b0, b1):
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+def on_cpu(evs, i, end, t0, t1):
+    """Microseconds each task ran in [t0, t1], and "softirq": the softirqs' time, whoever
+    they interrupted (hard interrupts count for the task they hit)."""
+    cur, last, acc, soft = evs[i].comm, t0, {}, None
+    for e in evs[i:end]:
+        if e.ev == "sirq_in" and soft is None:
+            acc[cur] = acc.get(cur, 0.0) + e.ts - last
+            soft, last = e.ts, e.ts
+        elif e.ev == "sirq_out" and soft is not None:
+            acc["softirq"] = acc.get("softirq", 0.0) + e.ts - soft
+            soft, last = None, e.ts
+        elif e.ev == "switch":
+            acc[e.a] = acc.get(e.a, 0.0) + e.ts - last
+            cur, last = e.c, e.ts
+    if soft is None:
+        acc[cur] = acc.get(cur, 0.0) + t1 - last
+    return acc
+
+
+def idle(comm):
+    return comm.startswith("swapper")
+
+
+def uip_turn(evs, i, end, poller, tap, app):
+    """The stages (us) of the turnaround that starts with the receive interrupt EVS[I]."""
+
+    def mine(e):
+        return e.comm == poller
+
+    t0 = evs[i].ts
+    k1 = net_rx_exit(evs, i, end)
+    k2 = find(evs, k1, end, lambda e: mine(e) and e.ev == "exit" and e.a == SYS_EPOLL_WAIT, "the poller did not return from epoll_wait")
+    if not any(e.ev == "wakeup" and e.a == poller for e in evs[i:k2]):
+        raise Skip("the poller was busy, not woken from epoll_wait")
+    k4 = find(evs, k2, end, lambda e: mine(e) and e.ev == "enter" and e.a == SYS_WRITEV, "no TAP write")
+    calls = [e for e in evs[k2 + 1 : k4] if mine(e) and e.ev in ("enter", "exit")]
+    if any(e.a != SYS_READ for e in calls):
+        raise Skip("a syscall other than read between epoll_wait and the TAP write")
+    reads = [e for e in calls if e.ev == "exit"]
+    if not reads or reads[-1].b != EAGAIN:
+        raise Skip("the completion channel reads did not end in EAGAIN")
+    t3 = reads[-1].ts
+    tap_fd = evs[k4].b
+    if any(e.comm == app for e in evs[k2:k4]):
+        raise Skip("the application was running already")
+    kw = find(evs, k4, end, lambda e: mine(e) and e.ev == "exit" and e.a == SYS_WRITEV, "the TAP write did not return")
+    ka = find(evs, k4, end, lambda e: e.ev == "switch" and e.c == app, "the application never ran")
+    kz = find(evs, ka, end, lambda e: e.ev == "switch" and e.a == app and e.b.startswith(("S", "D", "I")), "the application did not sleep again")
+    if not any(e.ev == "tx" and e.a == tap and e.comm == app for e in evs[ka:kz]):
+        raise Skip("the application wrote no reply into the TAP")
+    k7 = find(evs, max(kz, kw), end, lambda e: mine(e) and e.ev == "enter" and e.a == SYS_WRITE, "no post_send after the reply")
+    if not any(mine(e) and e.ev == "enter" and e.a == SYS_READ and e.b == tap_fd for e in evs[kz:k7]):
+        raise Skip("the reply was not read from the TAP before the post_send")
+    k8 = find(evs, k7, end, lambda e: e.ev == "tx" and e.a == "eth0", "no eth0 transmit before the next receive interrupt")
+    t1, t2, t4, tw, ta, tz, t7, t8 = (evs[k].ts for k in (k1, k2, k4, kw, ka, kz, k7, k8))
+    appt = tz - ta
+    tapw = (tw - t4) - overlap(t4, tw, ta, tz)
+    st = dict(rx=t1 - t0, wake=t2 - t1, chan=t3 - t2, user=t4 - t3, tapw=tapw, app=appt, after=(t7 - t4) - tapw - appt, send=t8 - t7)
+    after = [e for e in evs[k4:k7] if mine(e) and e.ev == "enter"]
+    cpu = on_cpu(evs, i, k8 + 1, t0, t8)
+    if ta < tw:
+        sched = "inside"
+    elif evs[ka].a == poller and evs[ka].b.startswith("R"):
+        sched = "preempted"
+    elif evs[ka].a == poller:
+        sched = "slept"
+    else:
+        sched = "other"
+    detail = dict(
+        app_sched=sched,
+        channel_reads=len(reads),
+        arms=sum(1 for e in after if e.a == SYS_IOCTL),
+        epoll_waits=sum(1 for e in after if e.a == SYS_EPOLL_WAIT),
+        tap_reads=sum(1 for e in after if e.a == SYS_READ and e.b == tap_fd),
+        softirq_us=cpu.get("softirq", 0.0),
+        other_us=sum(v for c, v in cpu.items() if c not in (poller, app, "softirq") and not idle(c)),
+        idle_us=sum(v for c, v in cpu.items() if idle(c)),
+    )
+    return t8 - t0, st, detail
+
+
+def eth_turn(evs, i, end, app):
+    t0 = evs[i].ts
+    k1 = net_rx_exit(evs, i, end)
+    if evs[k1].comm == app:
+        raise Skip("the application was running already")
+    ka = find(evs, k1, end, lambda e: e.ev == "switch" and e.c == app, "the application never ran")
+    if not any(e.ev == "wakeup" and e.a == app for e in evs[i:ka]):
+        raise Skip("the application was not woken (it was not sleeping)")
+    kw = find(evs, ka, end, lambda e: e.comm == app and e.ev == "enter" and e.a in (SYS_WRITE, SYS_WRITEV, SYS_SENDTO, SYS_SENDMSG), "the application sent nothing")
+    k8 = find(evs, kw, end, lambda e: e.ev == "tx" and e.a == "eth0", "no eth0 transmit before the next receive interrupt")
+    t1, ta, tw, t8 = (evs[k].ts for k in (k1, ka, kw, k8))
+    cpu = on_cpu(evs, i, k8 + 1, t0, t8)
+    detail = dict(
+        softirq_us=cpu.get("softirq", 0.0),
+        other_us=sum(v for c, v in cpu.items() if c not in (app, "softirq") and not idle(c)),
+        idle_us=sum(v for c, v in cpu.items() if idle(c)),
+    )
+    return t8 - t0, dict(rx=t1 - t0, wake=ta - t1, app=tw - ta, send=t8 - tw), detail
+
+
+def turnarounds(evs, turn):
+    """Every turnaround of a trace: (used: [(total, stages, detail, round trip)], skipped:
+    {why: n}). A turnaround runs from a receive interrupt to the next one at most; the
+    round trip is the time to that next one (a's turnaround, the wire and b's)."""
+    starts = [k for k, e in enumerate(evs) if is_rx_irq(e)]
+    used, skipped = [], {}
+    for n, i in enumerate(starts):
+        end = starts[n + 1] if n + 1 < len(starts) else len(evs)
+        try:
+            total, st, detail = turn(evs, i, end)
+        except Skip as s:
+            why = str(s)
+            if n + 1 == len(starts):
+                why = "the trace ends inside it"
+            skipped[why] = skipped.get(why, 0) + 1
+            continue
+        rtt = evs[end].ts - evs[i].ts if end < len(evs) else None
+        used.append((total, st, detail, rtt))
+    return used, skipped
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def window(out, name, role, stages, turn):
+    """The analysis of one window's trace (a dict) and its text lines."""
+    path = os.path.join(out, f"ft.{name}.{role}.txt")
+    t = read(path)
+    res = dict(file=os.path.basename(path), used=0, skipped={}, stages={}, turnaround_us=None)
+    if t is None:
+        return res, [f"  no trace ({os.path.basename(path)} missing)"], f"no trace of window {name}"
+    evs, facts = parse(t)
+    used, skipped = turnarounds(evs, turn)
+    res.update(events=facts["events"], lost_events=facts["lost"], used=len(used), skipped=skipped)
+    L = []
+    if facts["lost"]:
+        L.append(f"  WARNING: the buffer overflowed, {facts['lost']} events lost (the oldest)")
+    nskip = sum(skipped.values())
+    L.append(f"  turnarounds used {len(used)}, skipped {nskip}" + (": " + "; ".join(f"{v} {k}" for k, v in sorted(skipped.items(), key=lambda x: -x[1])) if skipped else ""))
+    if not used:
+        return res, L, f"window {name}: no turnaround fits the expected order"
+    tot = med([u[0] for u in used])
+    rtt = med([u[3] for u in used])
+    res["turnaround_us"] = tot
+    res["round_trip_us"] = rtt
+    width = max(len(d) for _, d in stages)
+    L.append(f"  {'stage':<{width}}  {'median us':>9}  {'share':>6}  {'mean us':>8}")
+    sum_med = 0.0
+    for key, desc in stages:
+        xs = [u[1][key] for u in used]
+        m, mean = med(xs), statistics.fmean(xs)
+        share = sum(xs) / sum(u[0] for u in used)
+        sum_med += m
+        res["stages"][key] = dict(what=desc, median_us=m, mean_us=mean, share=share)
+        L.append(f"  {desc:<{width}}  {m:9.1f}  {share * 100:5.1f}%  {mean:8.1f}")
+    L.append(f"  {'turnaround (irq -> eth0 transmit)':<{width}}  {tot:9.1f}  {'100%':>6}  {statistics.fmean(u[0] for u in used):8.1f}")
+    L.append(f"  (the stages' medians add up to {sum_med:.1f} us; a share is the stage's part of all used turnarounds' time)")
+    if rtt:
+        L.append(f"  round trip as a sees it (irq -> next irq): median {rtt:.1f} us; a's turnaround is {tot / rtt * 100:.0f}% of it")
+    det = [u[2] for u in used]
+    for k in ("softirq_us", "other_us", "idle_us"):
+        res[k] = med([d[k] for d in det])
+    L.append(
+        f"  inside a turnaround, median: softirqs {res['softirq_us']:.1f} us, other tasks {res['other_us']:.1f} us, "
+        f"the CPU idle {res['idle_us']:.1f} us"
+    )
+    if "app_sched" in det[0]:
+        sched = {k: sum(1 for d in det if d["app_sched"] == k) for k in ("inside", "preempted", "slept", "other")}
+        res["app_sched"] = sched
+        L.append(
+            f"  the application ran: inside the TAP write {sched['inside']}, when the writev returned (daemon preempted) "
+            f"{sched['preempted']}, once the daemon slept {sched['slept']}, otherwise {sched['other']}"
+        )
+        counts = {k: med([d[k] for d in det]) for k in ("channel_reads", "arms", "epoll_waits", "tap_reads")}
+        res["syscalls"] = counts
+        L.append(
+            "  per turnaround, median: channel reads {channel_reads:.0f}; after the TAP write: arm ioctls {arms:.0f}, "
+            "epoll_waits {epoll_waits:.0f}, TAP reads {tap_reads:.0f}".format(**counts)
+        )
+    return res, L, None
+
+
+def trace(a):
+    out = a.out
+    env = read_env(os.path.join(out, "trace.env"))
+    tap = a.tap or env.get("PERF_TRACE_TAP") or "uip0"
+    poller = ("poll-" + tap)[:COMM_MAX]
+    app = "qperf"
+    L, bad = [], []
+    run = read(os.path.join(out, "run.txt"))
+    if run:
+        L.extend(run.rstrip("\n").splitlines())
+    secs = env.get("PERF_TRACE_SECONDS", "?")
+    L.append(f"qperf -t {secs} -m 64 tcp_lat, b -> a; ftrace of guest a (poller thread {poller}, application {app})")
+    L.append("")
+    rep = {"tap": tap, "poller": poller, "windows": {}, "qperf": {}}
+
+    # The latencies, traced and not: tracing inflates every step.
+    L.append("qperf tcp_lat (one way, us)     traced  untraced  traced/untraced")
+    for name, label in (("uip", "through uipoib"), ("eth", "over eth0")):
+        tr = parse_qperf(read(os.path.join(out, f"qperf.{name}.traced.txt"))).get("tcp_lat")
+        pl = parse_qperf(read(os.path.join(out, f"qperf.{name}.plain.txt"))).get("tcp_lat")
+        rep["qperf"][name] = dict(traced_us=tr, untraced_us=pl)
+        L.append(f"  {label:<28} {fmt(tr):>8}  {fmt(pl):>8}  {fmt(tr / pl if tr and pl else None, '.2f'):>15}")
+        for v, what in ((tr, "traced"), (pl, "untraced")):
+            if v is None:
+                bad.append(f"no {what} qperf tcp_lat {label}")
+    L.append("  Tracing inflates every step (each event costs time under TCG): the stages below are")
+    L.append("  traced times; compare their shares, not their absolute values with the untraced latency.")
+    L.append("")
+
+    windows = (
+        ("uip", f"through uipoib ({tap}): rxe receive ... daemon ... qperf ... daemon ... rxe send", UIP_STAGES, lambda e, i, n: uip_turn(e, i, n, poller, tap, app)),
+        ("eth", "over eth0: the kernel's own path", ETH_STAGES, lambda e, i, n: eth_turn(e, i, n, app)),
+    )
+    for name, title, stages, turn in windows:
+        L.append(f"window {name}, {title}")
+        res, lines, err = window(out, name, "a", stages, turn)
+        rep["windows"][name] = res
+        L.extend(lines)
+        if err:
+            bad.append(err)
+        L.append("")
+    u, e = rep["windows"]["uip"].get("turnaround_us"), rep["windows"]["eth"].get("turnaround_us")
+    if u and e:
+        L.append(f"a's turnaround through uipoib / over eth0 (traced): {u / e:.2f}")
+        rep["turnaround_ratio"] = u / e
+
+    if a.vm_rc is not None:  # a lab run (not an analysis of existing traces)
+        _, why = guest_failures(out, a.vm_rc)
+        bad.extend(why)
+        for step, roles in (("up", "ab"), ("ping", "ab"), ("tracefs", "ab"), ("server", "a"), ("trace-uip", "ab"), ("trace-eth", "ab"), ("plain", "ab"), ("stop", "ab")):
+            f = step_failure(out, roles, step)
+            if f:
+                bad.append(f"step {step}: {f}")
+    L.append("RESULT: " + ("OK" if not bad else "FAILED: " + "; ".join(bad)))
+    return finish(out, "trace", "trace-report.txt", "trace-report.json", "\n".join(L) + "\n", rep, not bad, bad)
