@@ -347,6 +347,25 @@ fn a_peer_restart_is_followed_without_operator_action() {
 }
 
 #[test]
+fn a_restarted_interface_announces_itself_once() {
+    let (_sim, _switch, a, b) = pair(Policy::default());
+    flows(&b, B_IP, &a, A_IP, 1);
+    let (arp0, restarts0) = (stats::get(&a.stats.arp_tx), a.status().restarts);
+    a.sup().restart();
+    a.wait_state("running", restarts0 + 1);
+    flows(&b, B_IP, &a, A_IP, 2);
+    // The supervisor announces the new QPN as soon as the receive ring is posted; the new
+    // poller does not announce the same epoch again.
+    assert_eq!(
+        stats::get(&a.stats.arp_tx) - arp0,
+        1,
+        "one gratuitous ARP per epoch"
+    );
+    a.end();
+    b.end();
+}
+
+#[test]
 fn circuit_breaker_declares_dead_and_operator_revives() {
     let (_sim, _switch, a, b) = pair(Policy {
         max_restarts: 3,

@@ -1,5 +1,6 @@
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use super::*;
 use crate::iface::PollFailurePolicy;
@@ -212,6 +213,13 @@ fn each_bad_value_names_its_key() {
                 ..base()
             },
             "metrics-listen",
+        ),
+        (
+            ConfigKeys {
+                busy_poll_us: Some(100_001),
+                ..base()
+            },
+            "busy-poll-us",
         ),
     ];
     for (cfg, key) in cases {
@@ -596,4 +604,18 @@ fn metrics_listen_is_optional_and_parsed() {
         err.contains("metrics-listen") && err.contains("nowhere"),
         "{err}"
     );
+}
+
+#[test]
+fn busy_poll_is_off_unless_asked_for_and_reaches_the_interface() {
+    let c = Config::from_keys(base()).unwrap();
+    assert!(c.busy_poll.is_zero());
+    assert!(c.plan().contains("busy poll off"), "{}", c.plan());
+    let c = Config::from_keys(ConfigKeys {
+        busy_poll_us: Some(250),
+        ..base()
+    })
+    .unwrap();
+    assert_eq!(c.iface_config().busy_poll, Duration::from_micros(250));
+    assert!(c.plan().contains("busy poll 250 us"), "{}", c.plan());
 }
