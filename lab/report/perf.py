@@ -114,17 +114,8 @@ def link_delta(out, tag, role):
 
 def rxe_delta(out, tag, role):
     """rxe hw_counters that moved during the step."""
-    def get(when):
-        t = read(os.path.join(out, "raw", f"{tag}.{when}.rxe.{role}.txt")) or ""
-        d = {}
-        for line in t.splitlines():
-            path, _, val = line.rpartition(":")
-            try:
-                d[os.path.basename(path)] = int(val)
-            except ValueError:
-                pass
-        return d
-    b, a = get("before"), get("after")
+    b = rxe_counters(out, tag, "before", role) or {}
+    a = rxe_counters(out, tag, "after", role) or {}
     return {k: a[k] - b.get(k, 0) for k in a if a[k] != b.get(k, 0)}
 
 
