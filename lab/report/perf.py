@@ -528,13 +528,16 @@ def perf(args):
     summary["ratio_ib_send_lat_e_vs_poll"] = line("ratio ib_send_lat -e / ib_send_lat", [ratio(a, b) for a, b in zip(iblat_e, iblat)], ".3f")
     p("  targets: tcp_lat uipoib / ib_send_lat <= 2.0; UDP lossless / ib_send_bw >= 0.8")
     if has_alt:
-        (bt, bu, bl), (at, au, al) = vals[names[""]], vals[names["alt."]]
+        (bt, bu, bl), (at, au, al) = vals[names[""]][:3], vals[names["alt."]][:3]
         blat, alat = lats[names[""]], lats[names["alt."]]
         p("")
         summary["alt_vs_base_tcp"] = line(f"TCP {names['alt.']} / {names['']} (same rep)", [ratio(a, b) for a, b in zip(at, bt)], ".3f")
         summary["alt_vs_base_udp"] = line(f"UDP {names['alt.']} / {names['']} (same rep)", [ratio(a, b) for a, b in zip(au, bu)], ".3f")
         summary["alt_vs_base_udp_lossless"] = line(f"UDP lossless {names['alt.']} / {names['']} (same rep)",
                                                    [ratio(a, b) for a, b in zip(al, bl)], ".3f")
+        if window:
+            summary["alt_vs_base_udp_lossless_w"] = line(f"  with -w {window} {names['alt.']} / {names['']}",
+                                                         [ratio(a, b) for a, b in zip(vals[names["alt."]][3], vals[names[""]][3])], ".3f")
         summary["alt_vs_base_tcp_lat"] = line(f"tcp_lat {names['alt.']} / {names['']} (same rep)",
                                               [ratio(a["tcp_lat_us"], b["tcp_lat_us"]) for a, b in zip(alat, blat)], ".3f")
     # Recovery from one injected poll failure under load (uip0), per rep: the restart
