@@ -994,7 +994,13 @@ fn send(q: &QueryArgs, req: &serde_json::Value) -> ExitCode {
 }
 
 fn query(q: &QueryArgs, cmd: &str) -> ExitCode {
-    match ask(q, &serde_json::json!({ "cmd": cmd })) {
+    // `uipoib stats` shows the kernel's counters too (read by the daemon from sysfs).
+    let req = if cmd == "stats" {
+        serde_json::json!({ "cmd": cmd, "kernel": true })
+    } else {
+        serde_json::json!({ "cmd": cmd })
+    };
+    match ask(q, &req) {
         Ok(v) if cmd == "faults" => {
             if q.json {
                 println!("{v}");
@@ -1018,7 +1024,7 @@ fn query(q: &QueryArgs, cmd: &str) -> ExitCode {
                                 c.to_text(
                                     k["tap_name"].as_str().unwrap_or("?"),
                                     k["device"].as_str().unwrap_or("?"),
-                                    k["port"].as_u64().unwrap_or(0) as u8
+                                    k["port_num"].as_u64().unwrap_or(0) as u8
                                 )
                             );
                         }

@@ -74,9 +74,11 @@ pub(super) fn handle_line(line: &str, cx: &Served) -> Value {
         Some(other) => return bad(format!("\"cmd\" must be a string, not {other}")),
         None => return bad("missing \"cmd\"".into()),
     };
-    // Only `inject` takes more than the command.
+    // Only `inject` takes more than the command, and `stats` its `kernel` flag.
     if cmd != "inject"
-        && let Some(k) = req.keys().find(|k| *k != "cmd")
+        && let Some(k) = req
+            .keys()
+            .find(|k| *k != "cmd" && !(cmd == "stats" && *k == "kernel"))
     {
         return bad(format!("unknown field {k:?} for {cmd:?}"));
     }
@@ -85,15 +87,17 @@ pub(super) fn handle_line(line: &str, cx: &Served) -> Value {
         "stats" => {
             let mut v = json!({"ok": true, "stats": stats.snapshot()});
             // What the kernel dropped before the daemon saw it (the TAP's queue, the
-            // port), when this server serves a live interface.
+            // port), when asked (sysfs reads: not for the samplers that poll every 50 ms)
+            // and this server serves a live interface.
             let at = status
                 .lock()
                 .ok()
                 .filter(|s| !s.tap.is_empty())
-                .map(|s| (s.tap.clone(), s.device.clone(), s.port));
+                .map(|s| (s.tap.clone(), s.device.clone(), s.port))
+                .filter(|_| req.get("kernel") == Some(&Value::Bool(true)));
             if let Some((tap, device, port)) = at {
                 let k = crate::runtime::kernel::read(&tap, &device, port);
-                v["stats"]["kernel"] = json!({"tap_name": tap, "device": device, "port": port});
+                v["stats"]["kernel"] = json!({"tap_name": tap, "device": device, "port_num": port});
                 if let (Value::Object(m), Ok(Value::Object(r))) =
                     (&mut v["stats"]["kernel"], serde_json::to_value(&k))
                 {

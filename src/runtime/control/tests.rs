@@ -318,6 +318,27 @@ fn stats_status_and_junk() {
     let v = request(&path, "stats").unwrap();
     assert_eq!(v["stats"]["rx_packets"], 5);
     assert_eq!(v["stats"]["drops"]["tx_bad_ipv6"], 1);
+    assert!(
+        v["stats"].get("kernel").is_none(),
+        "read only when asked: {v}"
+    );
+    // Asked for, the kernel's counters come beside the daemon's, the port's number apart
+    // from its counters; what could not be read is named (no such device here).
+    let v = super::client::request_json(&path, &json!({"cmd": "stats", "kernel": true})).unwrap();
+    let k = &v["stats"]["kernel"];
+    assert_eq!(
+        (&k["tap_name"], &k["port_num"]),
+        (&json!("uip0"), &json!(0)),
+        "{v}"
+    );
+    assert!(k["port"].is_object() && k["tap"].is_object(), "{v}");
+    assert!(
+        k["unreadable"].as_array().is_some_and(|u| u
+            .iter()
+            .any(|x| x.as_str().is_some_and(|x| x.contains("device name")))),
+        "{v}"
+    );
+    assert_eq!(v["stats"]["rx_packets"], 5);
     let v = request(&path, "status").unwrap();
     assert_eq!(v["status"]["tap"], "uip0");
     // The IPv4 address where it always was, the IPv6 ones as a list beside it.
