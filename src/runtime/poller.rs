@@ -298,6 +298,11 @@ fn run(
                 // A completion that came before the arm raises no event: look once more.
                 iface.poll_tx(now)?;
             }
+            // The `retry` policy: a poll that failed in the last turn's TX reaping or
+            // housekeeping is polled again at once, not after the next event.
+            if iface.take_poll_retry() {
+                napi.retry();
+            }
             let busy = napi.poll_due() || (gate.pending() && iface.free_send_slots() > 0);
             let timeout = if busy {
                 Duration::ZERO
@@ -379,7 +384,7 @@ fn run(
                         // application ran when our write returned) waits in the TAP now:
                         // it is read and posted before the arm and the wait, which then
                         // happen while the peer works, not on the answer's way out.
-                        if rx > 0 {
+                        if rx > 0 && iface.free_send_slots() > 0 {
                             gate.on_readable();
                             if iface.tx_from_tap(tap, &mut gate, now)? > 0 {
                                 napi.on_tx_work(now);
