@@ -71,7 +71,8 @@ pub struct Phases {
     /// `carrier_ms`).
     pub start_ms: f64,
     /// Starting the poller: its poll set, registrations and thread (on one CPU the new
-    /// thread may run first: its gratuitous ARP is then in here too).
+    /// thread may run first: its first polls are then in here too). The gratuitous ARP
+    /// goes before it, inside `start_ms`.
     #[serde(default)]
     pub spawn_ms: f64,
     /// The TAP carrier on (`TUNSETCARRIER`).
