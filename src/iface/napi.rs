@@ -5,8 +5,7 @@
 //! - a poll handles at most `budget` receive completions (and reaps send completions);
 //! - at budget it yields: the shell gives the TX side its turn, then polls again without
 //!   arming;
-//! - below budget it re-arms the CQs (the shell arms the send CQ only when frames wait for
-//!   a send slot) and polls once more, because a completion that
+//! - below budget it re-arms both CQs and polls once more, because a completion that
 //!   arrived between the last poll and the arm raises no event (userspace verbs has no
 //!   `IB_CQ_REPORT_MISSED_EVENTS`); completions found then keep the poller scheduled.
 //!
@@ -40,7 +39,7 @@ pub enum State {
 pub enum Action {
     /// Let TX run, then poll again (no arming).
     Yield,
-    /// Arm the CQs, then poll once more and report it.
+    /// Arm both CQs, then poll once more and report it.
     ArmAndRecheck,
     /// Nothing pending: wait for an event.
     Sleep,

@@ -264,8 +264,7 @@ counters! {
     polls,
     /// Polls that used their whole budget and yielded.
     budget_exhausted,
-    /// Times the CQs were re-armed (the receive CQ; the send CQ too when frames wait for a
-    /// send slot).
+    /// Times both CQs were re-armed.
     rearms,
     /// Polls after re-arming that found completions (the missed-event race, caught).
     caught_after_rearm,

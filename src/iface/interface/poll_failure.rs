@@ -167,10 +167,7 @@ impl Interface {
     }
 
     /// Arm the receive CQ, and the send CQ when `send` (`skip` leaves the CQ whose poll
-    /// failed unarmed). The send CQ needs an event only when the poller would otherwise
-    /// sleep waiting for a free send slot: its completions are reaped by every poll, by
-    /// TX turns when the ring runs low, and at housekeeping, so leaving it unarmed saves
-    /// a wake-up, a channel read and an arm per packet sent.
+    /// failed unarmed).
     pub fn arm_cqs(&mut self, send: bool) -> Result<(), Failure> {
         self.arm(CqKind::Recv)?;
         if send {
