@@ -32,7 +32,7 @@ use crate::iface::napi::{Action, Napi, TxGate};
 use crate::iface::stats;
 use crate::iface::{Failure, Interface};
 use crate::tap::TapDevice;
-use crate::verbs::{AsyncEvent, CqKind, Endpoint, WaitFds};
+use crate::verbs::{AsyncEvent, Endpoint, WaitFds};
 
 const TAP: Token = Token(0);
 const CQ: Token = Token(1);
@@ -287,8 +287,8 @@ fn run(
     let result: Result<(), Failure> = (|| {
         loop {
             let now = Instant::now();
-            // The `retry` policy: a poll that failed in the last turn's TX reaping or
-            // housekeeping is polled again at once, not after the next event.
+            // The `retry` policy: a failed poll (in the last turn's polls, TX reaping or
+            // housekeeping) is polled again at once, not after the next event.
             if iface.take_poll_retry() {
                 napi.retry();
             }
@@ -384,13 +384,9 @@ fn run(
                         // a wake-up per packet sent, but in the lab's slow-poll scenario
                         // the unfaulted side's sends then stopped completing (send-stall
                         // restarts, no ping after it): not kept until that is understood.
-                        iface.arm_cqs(true)?;
+                        iface.arm_cqs()?;
                         let rx = iface.poll_rx(tap, now)?;
                         let tx = iface.poll_tx(now)?;
-                        // The recheck closes the race for the CQs just armed: send
-                        // completions found on an unarmed send CQ (the send just posted
-                        // above, typically) missed no event and need no other round.
-                        let tx = if iface.armed(CqKind::Send) { tx } else { 0 };
                         napi.polled(rx, tx, now);
                     }
                     // Busy polling and nothing found: let the thread that the last
@@ -402,10 +398,6 @@ fn run(
             // TX's turn. When the ring runs low, reap send completions first.
             if gate.pending() && iface.free_send_slots() < iface.budget().min(32) {
                 iface.poll_tx(now)?;
-            }
-            // The `retry` policy: a failed poll is polled again at once.
-            if iface.take_poll_retry() {
-                napi.retry();
             }
             if iface.tx_from_tap(tap, &mut gate, now)? > 0 {
                 napi.on_tx_work(now);

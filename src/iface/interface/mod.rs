@@ -623,9 +623,8 @@ impl Interface {
     /// Periodic work: age neighbours and destroy their idle AHs, re-resolve peers that
     /// went silent while in use, and run the send-stall watchdog.
     pub fn housekeeping(&mut self, now: Instant) -> Result<(), Failure> {
-        // Send completions wait in their CQ unless something waits for a slot (the send
-        // CQ is armed only then): reap them, so that the counters and the watchdog below
-        // see what has completed.
+        // Reap what has completed since the last poll, so that the watchdog below measures
+        // from a send still outstanding, not from one whose completion waits unpolled.
         self.poll_tx(now)?;
         // The next restart's QP and CQs are made ahead (a failure is counted; it does not
         // stop the datapath, and a renewal makes what is missing). The previous epoch's

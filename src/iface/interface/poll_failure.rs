@@ -166,28 +166,15 @@ impl Interface {
         }
     }
 
-    /// Arm the receive CQ, and the send CQ when `send` (`skip` leaves the CQ whose poll
-    /// failed unarmed).
-    pub fn arm_cqs(&mut self, send: bool) -> Result<(), Failure> {
-        self.arm(CqKind::Recv)?;
-        if send {
-            self.arm(CqKind::Send)?;
+    /// Arm every CQ that is to be armed (`skip` leaves the CQ whose poll failed unarmed).
+    pub fn arm_cqs(&mut self) -> Result<(), Failure> {
+        for cq in [CqKind::Recv, CqKind::Send] {
+            if !self.parked[cq_index(cq)] {
+                self.ep.req_notify(cq).map_err(Failure::Verbs)?;
+                self.armed[cq_index(cq)] = true;
+            }
         }
         Ok(())
-    }
-
-    /// Arm one CQ unless `skip` parked it.
-    pub fn arm(&mut self, cq: CqKind) -> Result<(), Failure> {
-        if !self.parked[cq_index(cq)] {
-            self.ep.req_notify(cq).map_err(Failure::Verbs)?;
-            self.armed[cq_index(cq)] = true;
-        }
-        Ok(())
-    }
-
-    /// Whether the CQ is armed (an event will come with its next completion).
-    pub fn armed(&self, cq: CqKind) -> bool {
-        self.armed[cq_index(cq)]
     }
 
     /// Whether a failed poll asked to be polled again at once (`retry`); clears it.

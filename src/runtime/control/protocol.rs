@@ -89,12 +89,12 @@ pub(super) fn handle_line(line: &str, cx: &Served) -> Value {
             // What the kernel dropped before the daemon saw it (the TAP's queue, the
             // port), when asked (sysfs reads: not for the samplers that poll every 50 ms)
             // and this server serves a live interface.
-            let at = status
-                .lock()
-                .ok()
+            let asked = req.get("kernel") == Some(&Value::Bool(true));
+            let at = asked
+                .then(|| status.lock().ok())
+                .flatten()
                 .filter(|s| !s.tap.is_empty())
-                .map(|s| (s.tap.clone(), s.device.clone(), s.port))
-                .filter(|_| req.get("kernel") == Some(&Value::Bool(true)));
+                .map(|s| (s.tap.clone(), s.device.clone(), s.port));
             if let Some((tap, device, port)) = at {
                 let k = crate::runtime::kernel::read(&tap, &device, port);
                 v["stats"]["kernel"] = json!({"tap_name": tap, "device": device, "port_num": port});
