@@ -134,21 +134,28 @@ def parse_ping(t):
     return res
 
 
-def parse_ib_send_bw(t):
-    """(msg_size, BW average MB/s) from perftest output; perftest's MB is 2^20 bytes."""
+def perftest_row(t, column, fields):
+    """The fields of perftest's result row (at least `fields` of them, the message size
+    first) under its header line naming `column`, or None."""
     if not t:
         return None
     lines = t.splitlines()
     for i, line in enumerate(lines):
-        if "#bytes" in line and "BW average" in line:
+        if "#bytes" in line and column in line:
             for data in lines[i + 1 :]:
                 f = data.split()
-                if len(f) >= 4 and f[0].isdigit():
-                    try:
-                        return int(f[0]), float(f[3])
-                    except ValueError:
-                        return None
+                if len(f) >= fields and f[0].isdigit():
+                    return f
     return None
+
+
+def parse_ib_send_bw(t):
+    """(msg_size, BW average MB/s) from perftest output; perftest's MB is 2^20 bytes."""
+    f = perftest_row(t, "BW average", 4)
+    try:
+        return (int(f[0]), float(f[3])) if f else None
+    except ValueError:
+        return None
 
 
 def mb_to_mbit(mb):

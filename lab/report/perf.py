@@ -13,6 +13,7 @@ from common import (
     fmt,
     ratio,
     parse_ib_send_bw,
+    perftest_row,
     parse_ping,
     mb_to_mbit,
     iperf_received_mbit,
@@ -213,21 +214,15 @@ def where_text(wl):
 
 def parse_ib_send_lat(t):
     """ib_send_lat's result line: dict(t_min, t_max, t_typical, t_avg, ...) in us, or None."""
-    if not t:
+    f = perftest_row(t, "t_typical", 7)
+    if not f:
         return None
-    lines = t.splitlines()
-    for i, line in enumerate(lines):
-        if "#bytes" in line and "t_typical" in line:
-            for data in lines[i + 1:]:
-                f = data.split()
-                if len(f) >= 7 and f[0].isdigit():
-                    try:
-                        v = [float(x) for x in f[2:9]]
-                    except ValueError:
-                        return None
-                    keys = ("t_min", "t_max", "t_typical", "t_avg", "t_stdev", "p99", "p99_9")
-                    return dict(zip(keys, v), iterations=int(f[1]), bytes=int(f[0]))
-    return None
+    try:
+        v = [float(x) for x in f[2:9]]
+    except ValueError:
+        return None
+    keys = ("t_min", "t_max", "t_typical", "t_avg", "t_stdev", "p99", "p99_9")
+    return dict(zip(keys, v), iterations=int(f[1]), bytes=int(f[0]))
 
 
 QPERF_UNITS = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "sec": 1e6, "s": 1e6}
