@@ -209,11 +209,20 @@ pub struct EndpointAttrs {
     pub port_mtu: u32,
     /// Receive slots (each `GRH_LEN + max_payload` bytes).
     pub recv_slots: u32,
-    /// Send slots (each `max_payload` bytes).
+    /// Send slots (each `max_payload` bytes, between [`SEND_HEADROOM`] and
+    /// [`SEND_TAILROOM`] bytes of room of their own).
     pub send_slots: u32,
     /// Largest send the device can inline (0 if none).
     pub max_inline: u32,
 }
+
+/// Bytes of room in front of every send slot ([`Endpoint::send_room`]).
+pub const SEND_HEADROOM: usize = 16;
+
+/// Bytes of room behind every send slot ([`Endpoint::send_room`]): a frame read into a
+/// slot that is longer than a send may be is then seen whole (and refused as too long)
+/// rather than cut short.
+pub const SEND_TAILROOM: usize = 64;
 
 /// A verbs failure, naming what failed.
 #[derive(Debug, thiserror::Error)]
@@ -363,8 +372,19 @@ pub trait Endpoint: Send {
     /// completion.
     fn recv_buf(&self, slot: u32) -> &[u8];
 
+    /// Receive slot `slot`, writable: for rewriting a received packet's headers in place
+    /// after its completion, before the slot is posted again (out of range: empty).
+    fn recv_buf_mut(&mut self, slot: u32) -> &mut [u8];
+
     /// Send slot `slot`: `max_payload` bytes. Write it only while it is not posted.
     fn send_buf(&mut self, slot: u32) -> &mut [u8];
+
+    /// Send slot `slot` with its room: [`SEND_HEADROOM`] bytes, the `max_payload` bytes of
+    /// [`Endpoint::send_buf`], then [`SEND_TAILROOM`] bytes. What a send carries always
+    /// starts at [`SEND_HEADROOM`]; the room lets a caller read a frame whose headers are
+    /// longer than the ones it sends straight into the slot, rewrite the headers in place
+    /// and send the rest, without copying the payload (out of range: empty).
+    fn send_room(&mut self, slot: u32) -> &mut [u8];
 
     /// Post receive slot `slot` with id `wr_id`.
     fn post_recv(&mut self, wr_id: u64, slot: u32) -> Result<(), VerbsError>;

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::ffi::*;
 
-use crate::verbs::{GRH_LEN, VerbsError};
+use crate::verbs::{GRH_LEN, SEND_HEADROOM, SEND_TAILROOM, VerbsError};
 
 /// C structs from `<infiniband/verbs.h>` for which the all-zero byte pattern is a valid
 /// value (the C code builds them with `memset(0)` / `= {}` too).
@@ -488,7 +488,8 @@ impl Ah {
 /// and the CPU reading its neighbour never share a line.
 const SLOT_ALIGN: usize = 64;
 
-/// Where the slots live in the region: all receive slots, then all send slots.
+/// Where the slots live in the region: all receive slots, then all send slots, each send
+/// slot between its head- and tailroom ([`SEND_HEADROOM`], [`SEND_TAILROOM`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct SlotLayout {
     /// Usable bytes of a receive slot (`GRH_LEN + max_payload`).
@@ -523,7 +524,12 @@ impl SlotLayout {
             recv_len,
             send_len: payload,
             recv_stride: round(recv_len).ok_or_else(too_big)?,
-            send_stride: round(payload.max(1)).ok_or_else(too_big)?,
+            send_stride: round(
+                payload
+                    .checked_add(SEND_HEADROOM + SEND_TAILROOM)
+                    .ok_or_else(too_big)?,
+            )
+            .ok_or_else(too_big)?,
             recv_slots: usize::try_from(recv_slots).map_err(|_| too_big())?,
             send_slots: usize::try_from(send_slots).map_err(|_| too_big())?,
         };
@@ -547,10 +553,22 @@ impl SlotLayout {
         (s < self.recv_slots).then(|| s * self.recv_stride)
     }
 
-    /// Offset of send slot `slot`, `None` if out of range.
+    /// Offset of send slot `slot` (what a send carries starts there), `None` if out of
+    /// range.
     pub(super) fn send_offset(&self, slot: u32) -> Option<usize> {
+        Some(self.send_room_offset(slot)? + SEND_HEADROOM)
+    }
+
+    /// Offset of send slot `slot`'s room ([`SEND_HEADROOM`] before [`Self::send_offset`]),
+    /// `None` if out of range.
+    pub(super) fn send_room_offset(&self, slot: u32) -> Option<usize> {
         let s = usize::try_from(slot).ok()?;
         (s < self.send_slots).then(|| self.recv_stride * self.recv_slots + s * self.send_stride)
+    }
+
+    /// Bytes of a send slot with its room.
+    pub(super) fn send_room_len(&self) -> usize {
+        SEND_HEADROOM + self.send_len + SEND_TAILROOM
     }
 }
 
@@ -714,8 +732,11 @@ mod tests {
             spans.push((l.recv_offset(s).unwrap(), l.recv_len));
         }
         for s in 0..3 {
-            spans.push((l.send_offset(s).unwrap(), l.send_len));
+            let room = l.send_room_offset(s).unwrap();
+            assert_eq!(l.send_offset(s), Some(room + SEND_HEADROOM));
+            spans.push((room, l.send_room_len()));
         }
+        assert_eq!(l.send_room_len(), SEND_HEADROOM + 1024 + SEND_TAILROOM);
         spans.sort();
         for w in spans.windows(2) {
             assert!(w[0].0 + w[0].1 <= w[1].0, "{w:?}");

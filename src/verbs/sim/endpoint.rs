@@ -11,9 +11,14 @@ use std::time::Instant;
 
 use crate::verbs::retire::{Destroy, Reaper};
 use crate::verbs::{
-    AhHandle, AsyncEvent, Completion, CqKind, Endpoint, EndpointAttrs, Gid, PostSendError, SendWr,
-    VerbsError, WaitFds, WcStatus,
+    AhHandle, AsyncEvent, Completion, CqKind, Endpoint, EndpointAttrs, Gid, PostSendError,
+    SEND_HEADROOM, SEND_TAILROOM, SendWr, VerbsError, WaitFds, WcStatus,
 };
+
+/// Bytes of one send slot with its room.
+pub(super) fn send_stride(max_payload: u32) -> usize {
+    SEND_HEADROOM + max_payload as usize + SEND_TAILROOM
+}
 
 use super::delivery::deliver;
 use super::fabric::detach;
@@ -39,7 +44,7 @@ impl SimEndpoint {
     }
 
     fn send_slice(&self, wr: &SendWr) -> &[u8] {
-        let start = wr.slot as usize * self.attrs.max_payload as usize;
+        let start = wr.slot as usize * send_stride(self.attrs.max_payload) + SEND_HEADROOM;
         &self.send_mem[start..start + wr.len as usize]
     }
 }
@@ -59,11 +64,30 @@ impl Endpoint for SimEndpoint {
     }
 
     /// An out-of-range slot gives an empty slice.
+    fn recv_buf_mut(&mut self, slot: u32) -> &mut [u8] {
+        if slot >= self.attrs.recv_slots {
+            return &mut [];
+        }
+        let start = slot as usize * self.recv_stride;
+        &mut self.recv_mem[start..start + self.recv_stride]
+    }
+
+    /// An out-of-range slot gives an empty slice.
     fn send_buf(&mut self, slot: u32) -> &mut [u8] {
         if slot >= self.attrs.send_slots {
             return &mut [];
         }
         let len = self.attrs.max_payload as usize;
+        let start = slot as usize * send_stride(self.attrs.max_payload) + SEND_HEADROOM;
+        &mut self.send_mem[start..start + len]
+    }
+
+    /// An out-of-range slot gives an empty slice.
+    fn send_room(&mut self, slot: u32) -> &mut [u8] {
+        if slot >= self.attrs.send_slots {
+            return &mut [];
+        }
+        let len = send_stride(self.attrs.max_payload);
         let start = slot as usize * len;
         &mut self.send_mem[start..start + len]
     }

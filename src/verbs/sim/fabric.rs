@@ -15,6 +15,7 @@ use crate::verbs::{
 };
 
 use super::delivery::deliver;
+use super::endpoint::send_stride;
 use super::qp::wake;
 use super::{
     AtomicCounters, Device, FIRST_QPN, Fabric, MAX_QPN, MAX_SLOTS, PORT_MTUS, Qp, QpState,
@@ -357,7 +358,7 @@ impl Provider for SimFabric {
             qp,
             recv_stride,
             recv_mem: vec![0; recv_slots * recv_stride],
-            send_mem: vec![0; send_slots * max_payload as usize],
+            send_mem: vec![0; send_slots * send_stride(max_payload)],
             attrs,
             ahs: HashMap::new(),
             next_ah: 1,

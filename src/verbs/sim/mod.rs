@@ -347,7 +347,8 @@ struct SimEndpoint {
     recv_stride: usize,
     /// `recv_slots * recv_stride` bytes.
     recv_mem: Vec<u8>,
-    /// `send_slots * max_payload` bytes.
+    /// `send_slots * send_stride(max_payload)` bytes: each slot between its head- and
+    /// tailroom.
     send_mem: Vec<u8>,
     /// Address handle → GID.
     ahs: HashMap<u32, Gid>,

@@ -14,9 +14,12 @@ mod tx;
 mod tests;
 
 pub use rx::{
-    ArpSender, NdSender, Received, RecvMeta, RxFact, RxVerdict, Sender, Standing, receive,
+    ArpSender, NdSender, RX_IN_PLACE_AT, Received, RecvMeta, RxFact, RxVerdict, Sender, Standing,
+    receive, receive_in_place,
 };
-pub use tx::{Body, Otherwise, Route, TxPlan, arp_request, emit_arp, emit_nd, plan_send};
+pub use tx::{
+    Body, IN_PLACE_AT, Otherwise, Route, TxPlan, arp_request, emit_arp, emit_nd, plan_send,
+};
 
 use super::eth::Mac;
 use super::ipoib::IpoibAddr;

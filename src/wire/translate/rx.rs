@@ -87,6 +87,9 @@ pub enum RxFact {
 pub enum RxVerdict {
     /// Write the first this many bytes of the frame to the TAP.
     Deliver(usize),
+    /// Write this many bytes of the receive buffer, from [`RX_IN_PLACE_AT`], to the TAP
+    /// ([`receive_in_place`] only).
+    DeliverInPlace(usize),
     /// Nothing to write and nothing dropped (own loopback).
     Consumed,
     /// Dropped for this reason.
@@ -128,18 +131,100 @@ pub fn receive(
     local: &Local,
     frame: &mut [u8],
 ) -> Received {
+    match classify(buf, meta, grh, local, frame) {
+        Classified::Done(r) => r,
+        Classified::Ip { header, len, fact } => {
+            let total = eth::HEADER_LEN + len;
+            if total > frame.len() {
+                return Received::drop(fact, RxDrop::Short);
+            }
+            // Cannot fail: `frame` holds more than the header.
+            let _ = eth::emit_header(frame, &header);
+            frame[eth::HEADER_LEN..total].copy_from_slice(&buf[IP_AT..IP_AT + len]);
+            Received {
+                fact,
+                verdict: RxVerdict::Deliver(total),
+            }
+        }
+    }
+}
+
+/// Where the IP packet of a data receive starts in the receive buffer.
+const IP_AT: usize = GRH_LEN + ipoib::HEADER_LEN;
+
+/// Where [`receive_in_place`] leaves a data frame in the receive buffer: its Ethernet
+/// header over the end of the GRH and the IPoIB header, right before the IP packet.
+pub const RX_IN_PLACE_AT: usize = IP_AT - eth::HEADER_LEN;
+
+/// [`receive`], but an IP packet (not neighbour discovery) is not copied: its Ethernet
+/// header is written over the GRH's last bytes and the IPoIB header in `buf` (after they
+/// were checked), and the verdict is [`RxVerdict::DeliverInPlace`]: the frame is
+/// `buf[RX_IN_PLACE_AT..RX_IN_PLACE_AT + n]`. ARP and neighbour discovery, whose
+/// translation changes their length, are written to `frame` as [`receive`] writes them.
+/// A frame is delivered either way only if it fits in `frame`, so both ways refuse the
+/// same packets.
+pub fn receive_in_place(
+    buf: &mut [u8],
+    meta: RecvMeta,
+    grh: GrhKind,
+    local: &Local,
+    frame: &mut [u8],
+) -> Received {
+    match classify(buf, meta, grh, local, frame) {
+        Classified::Done(r) => r,
+        Classified::Ip { header, len, fact } => {
+            let total = eth::HEADER_LEN + len;
+            if total > frame.len() || IP_AT + len > buf.len() {
+                return Received::drop(fact, RxDrop::Short);
+            }
+            // Cannot fail: the buffer holds the GRH and the IPoIB header before the packet.
+            let _ = eth::emit_header(&mut buf[RX_IN_PLACE_AT..], &header);
+            Received {
+                fact,
+                verdict: RxVerdict::DeliverInPlace(total),
+            }
+        }
+    }
+}
+
+/// What [`classify`] found: a result, or an IP packet to pass on behind `header` (the
+/// packet is `len` bytes at [`IP_AT`] in the receive buffer).
+enum Classified {
+    Done(Received),
+    Ip {
+        header: EthHeader,
+        len: usize,
+        fact: RxFact,
+    },
+}
+
+impl From<Received> for Classified {
+    fn from(r: Received) -> Classified {
+        Classified::Done(r)
+    }
+}
+
+/// The checks and the translation of [`receive`], up to where an IP packet would be
+/// copied.
+fn classify(
+    buf: &[u8],
+    meta: RecvMeta,
+    grh: GrhKind,
+    local: &Local,
+    frame: &mut [u8],
+) -> Classified {
     use RxFact::None as Nothing;
     if buf.len() < GRH_LEN + ipoib::HEADER_LEN {
-        return Received::drop(Nothing, RxDrop::Short);
+        return Received::drop(Nothing, RxDrop::Short).into();
     }
     // A UD receive on RoCE always carries the GRH: without it nothing says who sent the
     // packet (the IB link layer, whose local traffic may come without one, is refused at
     // startup).
     if !meta.has_grh {
-        return Received::drop(Nothing, RxDrop::NoGrh);
+        return Received::drop(Nothing, RxDrop::NoGrh).into();
     }
     let Ok(g) = grh::parse(&buf[..GRH_LEN], grh) else {
-        return Received::drop(Nothing, RxDrop::BadGrh);
+        return Received::drop(Nothing, RxDrop::BadGrh).into();
     };
     // The packet's real source, as the hardware reports it.
     let src_hw = IpoibAddr::new(meta.src_qp, g.sgid);
@@ -147,21 +232,22 @@ pub fn receive(
         return Received {
             fact: RxFact::OwnLoopback,
             verdict: RxVerdict::Consumed,
-        };
+        }
+        .into();
     }
     let (ethertype, payload) = match ipoib::parse_header(&buf[GRH_LEN..]) {
         Ok(x) => x,
-        Err(WireError::Truncated { .. }) => return Received::drop(Nothing, RxDrop::Short),
-        Err(_) => return Received::drop(Nothing, RxDrop::BadHeader),
+        Err(WireError::Truncated { .. }) => return Received::drop(Nothing, RxDrop::Short).into(),
+        Err(_) => return Received::drop(Nothing, RxDrop::BadHeader).into(),
     };
     match ethertype {
         ETHERTYPE_ARP => match IpoibArp::parse(payload) {
-            Ok(a) => receive_arp(&a, src_hw, local, frame),
-            Err(_) => Received::drop(Nothing, RxDrop::BadArp),
+            Ok(a) => receive_arp(&a, src_hw, local, frame).into(),
+            Err(_) => Received::drop(Nothing, RxDrop::BadArp).into(),
         },
         ETHERTYPE_IPV4 => {
             let Ok(s) = ipv4::parse_summary(payload) else {
-                return Received::drop(Nothing, RxDrop::BadIpv4);
+                return Received::drop(Nothing, RxDrop::BadIpv4).into();
             };
             let payload = &payload[..s.total_len];
             // Traffic refreshes a peer only from the QPN it is known at, and never moves
@@ -175,24 +261,25 @@ pub fn receive(
             } else {
                 local.mac
             };
-            write_ip(
-                frame,
-                dst,
-                mac_for_gid(&g.sgid),
-                ETHERTYPE_IPV4,
-                payload,
+            Classified::Ip {
+                header: EthHeader {
+                    dst,
+                    src: mac_for_gid(&g.sgid),
+                    ethertype: ETHERTYPE_IPV4,
+                },
+                len: payload.len(),
                 fact,
-            )
+            }
         }
         ETHERTYPE_IPV6 => {
             let Ok(s) = ipv6::parse_summary(payload) else {
-                return Received::drop(Nothing, RxDrop::BadIpv6);
+                return Received::drop(Nothing, RxDrop::BadIpv6).into();
             };
             let payload = &payload[..s.total_len];
             if let Some((PROTO_ICMPV6, at)) = s.upper
                 && payload.get(at).is_some_and(|t| ndisc::is_nd(*t))
             {
-                return receive_nd(payload, &s, at, src_hw, g.sgid, local, frame);
+                return receive_nd(payload, &s, at, src_hw, g.sgid, local, frame).into();
             }
             let fact = RxFact::Data { from: src_hw };
             let dst = if s.dst.is_multicast() {
@@ -200,44 +287,17 @@ pub fn receive(
             } else {
                 local.mac
             };
-            write_ip(
-                frame,
-                dst,
-                mac_for_gid(&g.sgid),
-                ETHERTYPE_IPV6,
-                payload,
+            Classified::Ip {
+                header: EthHeader {
+                    dst,
+                    src: mac_for_gid(&g.sgid),
+                    ethertype: ETHERTYPE_IPV6,
+                },
+                len: payload.len(),
                 fact,
-            )
+            }
         }
-        _ => Received::drop(Nothing, RxDrop::Unsupported),
-    }
-}
-
-/// An IP packet behind an Ethernet header in `frame`.
-fn write_ip(
-    frame: &mut [u8],
-    dst: Mac,
-    src: Mac,
-    ethertype: u16,
-    packet: &[u8],
-    fact: RxFact,
-) -> Received {
-    let total = eth::HEADER_LEN + packet.len();
-    if total > frame.len() {
-        return Received::drop(fact, RxDrop::Short);
-    }
-    let h = EthHeader {
-        dst,
-        src,
-        ethertype,
-    };
-    if eth::emit_header(frame, &h).is_err() {
-        return Received::drop(fact, RxDrop::Short);
-    }
-    frame[eth::HEADER_LEN..total].copy_from_slice(packet);
-    Received {
-        fact,
-        verdict: RxVerdict::Deliver(total),
+        _ => Received::drop(Nothing, RxDrop::Unsupported).into(),
     }
 }
 

@@ -528,6 +528,63 @@ fn data_is_written_with_its_real_source_and_trimmed() {
 }
 
 #[test]
+fn data_received_in_place_is_the_frame_receive_writes_and_arp_is_not_in_place() {
+    let mut ip = ip_packet(100, OWN_IP);
+    ip.extend_from_slice(&[0xEE; 6]); // link padding past the total length
+    let buf = from_peer(ETHERTYPE_IPV4, &ip);
+    let (r, frame) = rx(&buf, meta(PEER_QPN));
+    let mut inplace = buf.clone();
+    let mut scratch = vec![0u8; eth::HEADER_LEN + 4096];
+    let s = receive_in_place(
+        &mut inplace,
+        meta(PEER_QPN),
+        GrhKind::Ipv6,
+        &local(),
+        &mut scratch,
+    );
+    let n = eth::HEADER_LEN + 100;
+    assert_eq!(s.fact, r.fact);
+    assert_eq!(s.verdict, RxVerdict::DeliverInPlace(n));
+    assert_eq!(&inplace[RX_IN_PLACE_AT..RX_IN_PLACE_AT + n], &frame[..n]);
+    assert!(scratch.iter().all(|&b| b == 0), "nothing copied");
+    // A frame scratch too small refuses it in place too.
+    let mut small = vec![0u8; n - 1];
+    let mut inplace = buf.clone();
+    let s = receive_in_place(
+        &mut inplace,
+        meta(PEER_QPN),
+        GrhKind::Ipv6,
+        &local(),
+        &mut small,
+    );
+    assert_eq!(s.verdict, RxVerdict::Drop(RxDrop::Short));
+    // ARP changes length: written to the scratch.
+    let a = IpoibArp {
+        op: arp::OP_REQUEST,
+        sha: peer_hw(),
+        spa: PEER_IP,
+        tha: IpoibAddr::ZERO,
+        tpa: OWN_IP,
+    };
+    let buf = from_peer(ETHERTYPE_ARP, &arp_bytes(&a));
+    let (r, frame) = rx(&buf, meta(PEER_QPN));
+    let mut inplace = buf.clone();
+    let s = receive_in_place(
+        &mut inplace,
+        meta(PEER_QPN),
+        GrhKind::Ipv6,
+        &local(),
+        &mut scratch,
+    );
+    assert_eq!(s, r);
+    let RxVerdict::Deliver(n) = s.verdict else {
+        panic!("{s:?}");
+    };
+    assert_eq!(&scratch[..n], &frame[..n]);
+    assert_eq!(inplace, buf, "the receive buffer is left as it was");
+}
+
+#[test]
 fn the_destination_mac_follows_the_ip_destination_and_the_group() {
     let group = Gid([
         0xff, 0x12, 0x40, 0x1b, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff,
@@ -910,6 +967,59 @@ proptest! {
     }
 
     #[test]
+    fn receiving_in_place_finds_what_receive_finds(
+        b in proptest::collection::vec(any::<u8>(), 0..200),
+        has_grh: bool,
+        src_qp in 0u32..0x100_0000,
+        frame_len in 0usize..128,
+        as_data: bool,
+        v6: bool,
+    ) {
+        // Arbitrary bytes, and (`as_data`) a well-formed data packet behind a GRH: the two
+        // ways agree on the fact and the drop, and a frame delivered in place is the frame
+        // `receive` writes.
+        let mut buf = b.clone();
+        if as_data {
+            let (ethertype, packet) = if v6 {
+                let mut p = vec![0u8; 40 + b.len() % 64];
+                p[0] = 0x60;
+                let pl = (p.len() - 40) as u16;
+                p[4..6].copy_from_slice(&pl.to_be_bytes());
+                p[6] = 17;
+                p[8..24].copy_from_slice(&PEER_IP6_ADDR.parse::<std::net::Ipv6Addr>().unwrap().octets());
+                p[24..40].copy_from_slice(&OWN_IP6_ADDR.parse::<std::net::Ipv6Addr>().unwrap().octets());
+                (ETHERTYPE_IPV6, p)
+            } else {
+                (ETHERTYPE_IPV4, ip_packet(20 + b.len() % 64, OWN_IP))
+            };
+            buf = vec![0u8; GRH_LEN + 4 + packet.len()];
+            grh::emit_ipv6(&mut buf, (4 + packet.len()) as u16, &peer_gid(), &own_gid()).unwrap();
+            ipoib::emit_header(&mut buf[GRH_LEN..], ethertype).unwrap();
+            buf[GRH_LEN + 4..].copy_from_slice(&packet);
+        }
+        for kind in [GrhKind::Ipv4, GrhKind::Ipv6] {
+            let meta = RecvMeta { src_qp, has_grh };
+            let mut copied = vec![0u8; frame_len];
+            let r = receive(&buf, meta, kind, &local(), &mut copied);
+            let mut inplace = buf.clone();
+            let mut scratch = vec![0u8; frame_len];
+            let s = receive_in_place(&mut inplace, meta, kind, &local(), &mut scratch);
+            prop_assert_eq!(r.fact, s.fact);
+            match (r.verdict, s.verdict) {
+                (RxVerdict::Deliver(n), RxVerdict::DeliverInPlace(m)) => {
+                    prop_assert_eq!(n, m);
+                    prop_assert_eq!(&copied[..n], &inplace[RX_IN_PLACE_AT..RX_IN_PLACE_AT + n]);
+                }
+                (RxVerdict::Deliver(n), RxVerdict::Deliver(m)) => {
+                    prop_assert_eq!(n, m);
+                    prop_assert_eq!(&copied[..n], &scratch[..n]);
+                }
+                (x, y) => prop_assert_eq!(x, y),
+            }
+        }
+    }
+
+    #[test]
     fn arbitrary_frames_never_panic(
         f in proptest::collection::vec(any::<u8>(), 0..200),
         mtu in 0usize..200,
@@ -917,6 +1027,42 @@ proptest! {
         if let Ok(p) = plan_send(&f, &local(), mtu, table) {
             let mut out = [0u8; 256];
             let _ = p.body.emit(&f, &mut out);
+            let mut g = f.clone();
+            let _ = p.body.emit_in_place(&mut g);
         }
+    }
+
+    #[test]
+    fn a_packet_made_in_place_is_the_one_emit_writes(
+        len in 20usize..600,
+        v6: bool,
+        fill: u8,
+    ) {
+        // Any IPv4 or IPv6 data frame: the IPoIB packet left in the frame by
+        // `emit_in_place` is byte for byte what `emit` writes into another buffer.
+        let f = if v6 {
+            let mut p = vec![fill; len.max(40)];
+            p[..40].fill(0);
+            p[0] = 0x60;
+            let pl = (p.len() - 40) as u16;
+            p[4..6].copy_from_slice(&pl.to_be_bytes());
+            p[6] = 17;
+            p[8..24].copy_from_slice(&PEER_IP6_ADDR.parse::<std::net::Ipv6Addr>().unwrap().octets());
+            p[24..40].copy_from_slice(&PEER_IP6_ADDR.parse::<std::net::Ipv6Addr>().unwrap().octets());
+            eth_frame(mac_for_gid(&peer_gid()), ETHERTYPE_IPV6, &p)
+        } else {
+            let mut p = ip_packet(len, PEER_IP);
+            for b in &mut p[20..] {
+                *b = fill;
+            }
+            eth_frame(mac_for_gid(&peer_gid()), ETHERTYPE_IPV4, &p)
+        };
+        let plan = tx(&f).unwrap();
+        let mut out = vec![0u8; f.len()];
+        let n = plan.body.emit(&f, &mut out).unwrap();
+        let mut g = f.clone();
+        let m = plan.body.emit_in_place(&mut g).unwrap();
+        prop_assert_eq!(m, Some(n));
+        prop_assert_eq!(&g[IN_PLACE_AT..IN_PLACE_AT + ipoib::HEADER_LEN + n], &out[..ipoib::HEADER_LEN + n]);
     }
 }

@@ -270,7 +270,34 @@ impl Body {
             Body::Arp(msg) => emit_arp(msg, out),
         }
     }
+
+    /// Turn the frame in `frame` (from its Ethernet header on) into its IPoIB packet where
+    /// it lies, for the bodies that carry the IP packet unchanged (IPv4 and IPv6 that is
+    /// not neighbour discovery): the last [`ipoib::HEADER_LEN`] bytes of the Ethernet
+    /// header become the IPoIB header, so the packet is
+    /// `frame[IN_PLACE_AT..IN_PLACE_AT + ipoib::HEADER_LEN + len]`. Returns `Some(len)`,
+    /// the IP packet's length; `None` for ARP and neighbour discovery, whose translation
+    /// changes their length and goes through [`Body::emit`] into another buffer.
+    pub fn emit_in_place(&self, frame: &mut [u8]) -> Result<Option<usize>, TxDrop> {
+        let (Body::Ipv4 { len } | Body::Ipv6 { len }) = *self else {
+            return Ok(None);
+        };
+        if frame.len() < eth::HEADER_LEN + len {
+            return Err(TxDrop::Short);
+        }
+        let ethertype = if matches!(self, Body::Ipv4 { .. }) {
+            ETHERTYPE_IPV4
+        } else {
+            ETHERTYPE_IPV6
+        };
+        ipoib::emit_header(&mut frame[IN_PLACE_AT..], ethertype).map_err(|_| TxDrop::Short)?;
+        Ok(Some(len))
+    }
 }
+
+/// Where [`Body::emit_in_place`] leaves the IPoIB packet in the frame: the Ethernet
+/// header's last [`ipoib::HEADER_LEN`] bytes.
+pub const IN_PLACE_AT: usize = eth::HEADER_LEN - ipoib::HEADER_LEN;
 
 /// Write an IPoIB ARP message behind its IPoIB header to `out`; returns the message's
 /// length.

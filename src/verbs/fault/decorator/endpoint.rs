@@ -285,8 +285,21 @@ impl Endpoint for FaultyEndpoint {
         }
         self.inner.recv_buf(slot)
     }
+    /// A corrupted copy stands for the slot here too: what the datapath rewrites in place
+    /// is what it reads.
+    fn recv_buf_mut(&mut self, slot: u32) -> &mut [u8] {
+        if let Some(i) = self.corrupted.iter().position(|(s, _)| *s == slot) {
+            return &mut self.corrupted[i].1;
+        }
+        self.inner.recv_buf_mut(slot)
+    }
+
     fn send_buf(&mut self, slot: u32) -> &mut [u8] {
         self.inner.send_buf(slot)
+    }
+
+    fn send_room(&mut self, slot: u32) -> &mut [u8] {
+        self.inner.send_room(slot)
     }
     fn post_recv(&mut self, wr_id: u64, slot: u32) -> Result<(), VerbsError> {
         if !self.corrupted.is_empty()

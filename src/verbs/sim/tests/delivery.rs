@@ -393,3 +393,27 @@ fn unknown_destination_is_dropped_and_counted() {
     assert_eq!(f.counters().unknown_dest, 3);
     assert!(poll_all(&mut *b, CqKind::Recv).is_empty());
 }
+
+#[test]
+fn a_send_carries_its_slot_from_the_headroom_on() {
+    let f = fabric();
+    let mut a = open(&f, "a");
+    let mut b = open(&f, "b");
+    let max = a.attrs().max_payload as usize;
+    assert_eq!(a.send_room(0).len(), SEND_HEADROOM + max + SEND_TAILROOM);
+    assert!(a.send_room(16).is_empty());
+    // Slot 1's room written whole, slot 0's headroom and tailroom written too: none of it
+    // reaches slot 0's send, which is exactly what send_buf(0) holds.
+    a.send_room(1).fill(0xee);
+    let room = a.send_room(0);
+    room.fill(0xaa);
+    room[SEND_HEADROOM..SEND_HEADROOM + 5].copy_from_slice(b"slot0");
+    assert_eq!(&a.send_buf(0)[..5], b"slot0");
+    b.post_recv(1, 0).unwrap();
+    let ah = a.create_ah(&Gid::from_ipv4(B_IP)).unwrap();
+    a.post_send(&[wr(1, ah, b.attrs().qpn, QKEY, max)]).unwrap();
+    assert_eq!(poll_all(&mut *b, CqKind::Recv).len(), 1);
+    let got = &b.recv_buf(0)[GRH_LEN..GRH_LEN + max];
+    assert_eq!(&got[..5], b"slot0");
+    assert!(got[5..].iter().all(|&x| x == 0xaa));
+}

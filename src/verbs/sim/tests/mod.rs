@@ -11,7 +11,7 @@ use mio::unix::SourceFd;
 use super::*;
 use crate::verbs::{
     AhHandle, Completion, CqKind, Dest, Endpoint, EndpointConfig, GRH_LEN, Gid, GrhKind,
-    MULTICAST_QPN, Provider, SendWr, VerbsError, WaitFds, WcStatus,
+    MULTICAST_QPN, Provider, SEND_HEADROOM, SEND_TAILROOM, SendWr, VerbsError, WaitFds, WcStatus,
 };
 
 const QKEY: u32 = 0x0B1B_0001;
