@@ -229,14 +229,20 @@ pub enum Seen {
     Unknown,
 }
 
+/// The table's maps hash with foldhash, seeded at random per map: several times cheaper
+/// than std's SipHash for keys this small (a MAC, an address, a handle), looked up for
+/// every packet sent and received, and still seeded, so a peer cannot choose keys that
+/// collide (the keys come from the wire).
+type Map<K, V> = HashMap<K, V, foldhash::quality::RandomState>;
+
 /// The neighbour table.
 pub struct Neighbours {
-    peers: HashMap<Mac, Peer>,
-    ips: HashMap<Ipv4Addr, Mac>,
-    ips6: HashMap<Ipv6Addr, Mac>,
-    inflight: HashMap<AhHandle, u32>,
+    peers: Map<Mac, Peer>,
+    ips: Map<Ipv4Addr, Mac>,
+    ips6: Map<Ipv6Addr, Mac>,
+    inflight: Map<AhHandle, u32>,
     retiring: Vec<AhHandle>,
-    resolving: HashMap<IpAddr, Instant>,
+    resolving: Map<IpAddr, Instant>,
     capacity: usize,
     max_age: Duration,
     evicted: u64,
@@ -246,12 +252,12 @@ impl Neighbours {
     /// An empty table.
     pub fn new(capacity: usize, max_age: Duration) -> Self {
         Neighbours {
-            peers: HashMap::with_capacity(capacity.min(4096)),
-            ips: HashMap::with_capacity(capacity.min(4096)),
-            ips6: HashMap::new(),
-            inflight: HashMap::new(),
+            peers: Map::with_capacity_and_hasher(capacity.min(4096), Default::default()),
+            ips: Map::with_capacity_and_hasher(capacity.min(4096), Default::default()),
+            ips6: Map::default(),
+            inflight: Map::default(),
             retiring: Vec::new(),
-            resolving: HashMap::new(),
+            resolving: Map::default(),
             capacity: capacity.max(1),
             max_age,
             evicted: 0,
@@ -449,11 +455,12 @@ impl Neighbours {
         }
     }
 
-    /// A frame is being sent to the peer behind `mac`.
-    pub fn mark_used(&mut self, mac: &Mac, now: Instant) {
-        if let Some(p) = self.peers.get_mut(mac) {
-            p.last_used = Some(now);
-        }
+    /// A frame is being sent to the peer behind `mac`: marked used, and returned (one
+    /// lookup for both).
+    pub fn use_peer(&mut self, mac: &Mac, now: Instant) -> Option<Peer> {
+        let p = self.peers.get_mut(mac)?;
+        p.last_used = Some(now);
+        Some(*p)
     }
 
     /// Peers that are being sent to (within `window`) but have not been heard from for
@@ -877,6 +884,24 @@ mod tests {
     }
 
     #[test]
+    fn using_a_peer_marks_it_used_and_hands_it_out() {
+        let t0 = Instant::now();
+        let mut n = Neighbours::new(8, Duration::from_secs(300));
+        let mut d = vec![];
+        let (m, _) = n.learn(Some(ip(1)), hw(1, 17), Trust::Create, t0, &mut d);
+        assert_eq!(n.by_mac(&m).unwrap().last_used, None);
+        let later = t0 + Duration::from_secs(1);
+        let p = n.use_peer(&m, later).unwrap();
+        assert_eq!((p.hw.qpn, p.last_used), (17, Some(later)));
+        assert_eq!(n.by_mac(&m).unwrap().last_used, Some(later));
+        let (other, _) = {
+            let mut o = Neighbours::new(8, Duration::from_secs(300));
+            o.learn(Some(ip(2)), hw(2, 18), Trust::Create, t0, &mut d)
+        };
+        assert!(n.use_peer(&other, later).is_none());
+    }
+
+    #[test]
     fn silent_peers_in_use_are_found_and_take_ahs_keeps_peers() {
         let t0 = Instant::now();
         let s = Duration::from_secs(3);
@@ -886,10 +911,10 @@ mod tests {
         n.set_ah(&m, AhHandle(3));
         n.send_started(AhHandle(3));
         let mut out = vec![];
-        n.mark_used(&m, t0 + Duration::from_secs(2));
+        n.use_peer(&m, t0 + Duration::from_secs(2));
         n.silent_in_use(t0 + Duration::from_secs(2), s, s, &mut out);
         assert!(out.is_empty(), "heard from recently enough");
-        n.mark_used(&m, t0 + Duration::from_secs(4));
+        n.use_peer(&m, t0 + Duration::from_secs(4));
         n.silent_in_use(t0 + Duration::from_secs(4), s, s, &mut out);
         assert_eq!(out, vec![ip(1)]);
         out.clear();

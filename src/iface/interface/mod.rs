@@ -34,7 +34,7 @@ use crate::iface::stats::{self, DropReason, Stats};
 use crate::tap::FrameIo;
 use crate::verbs::{
     AhHandle, Completion, CqKind, Dest, Endpoint, EndpointConfig, GRH_LEN, Gid, MULTICAST_QPN,
-    Provider, RecvWr, SendWr, VerbsError, WcStatus,
+    Provider, RecvWr, SEND_HEADROOM, SendWr, VerbsError, WcStatus,
 };
 use crate::wire::arp::IpoibArp;
 use crate::wire::eth::{self, Mac, mac_for_gid};

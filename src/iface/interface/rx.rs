@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::wire::translate::{
-    self, Local, Received, RecvMeta, RxDrop, RxFact, RxVerdict, Sender, Standing,
+    self, Local, RX_IN_PLACE_AT, Received, RecvMeta, RxDrop, RxFact, RxVerdict, Sender, Standing,
 };
 use std::net::IpAddr;
 
@@ -101,33 +101,40 @@ impl Interface {
             src_qp: c.src_qp,
             has_grh: c.has_grh,
         };
-        // Split borrows: the receive buffer lives in the endpoint, the frame scratch in
-        // another field.
-        let got = translate::receive(
-            &self.ep.recv_buf(slot)[..len],
-            meta,
-            kind,
-            &local,
-            &mut self.frame,
-        );
+        // The receive buffer lives in the endpoint, the frame scratch in another field. A
+        // data packet's Ethernet header is written in front of it in the receive buffer,
+        // which is not posted again before this completion is done: no copy.
+        let buf = self.ep.recv_buf_mut(slot);
+        let end = len.min(buf.len());
+        let got = translate::receive_in_place(&mut buf[..end], meta, kind, &local, &mut self.frame);
         let r = self.apply_rx(got, now);
         match r {
             Ok(Some(_)) if tap.is_none() => self.stats.count_drop(DropReason::RxTeardown),
-            Ok(Some(n)) => match tap.map_or(Ok(0), |t| t.write_frame(&self.frame[..n])) {
-                Ok(_) => {
-                    stats::add(&self.stats.rx_packets, 1);
-                    stats::add(
-                        &self.stats.rx_bytes,
-                        n.saturating_sub(eth::HEADER_LEN) as u64,
-                    );
-                }
-                Err(e) => {
-                    self.stats.count_drop(DropReason::RxTapWrite);
-                    if self.log.allow(now) {
-                        tracing::warn!(error = %e, "writing a received frame to the TAP failed");
+            Ok(Some((n, in_place))) => {
+                let frame = if in_place {
+                    self.ep
+                        .recv_buf(slot)
+                        .get(RX_IN_PLACE_AT..RX_IN_PLACE_AT + n)
+                        .unwrap_or(&[])
+                } else {
+                    &self.frame[..n]
+                };
+                match tap.map_or(Ok(0), |t| t.write_frame(frame)) {
+                    Ok(_) => {
+                        stats::add(&self.stats.rx_packets, 1);
+                        stats::add(
+                            &self.stats.rx_bytes,
+                            n.saturating_sub(eth::HEADER_LEN) as u64,
+                        );
+                    }
+                    Err(e) => {
+                        self.stats.count_drop(DropReason::RxTapWrite);
+                        if self.log.allow(now) {
+                            tracing::warn!(error = %e, "writing a received frame to the TAP failed");
+                        }
                     }
                 }
-            },
+            }
             Ok(None) => {}
             Err(reason) => {
                 self.stats.count_drop(reason);
@@ -166,10 +173,15 @@ impl Interface {
         }
     }
 
-    /// Apply what the translation found to the neighbours and counters. `Ok(Some(n))`:
-    /// write `n` bytes of the frame to the TAP; `Ok(None)`: consumed (own loopback);
-    /// `Err`: dropped for that reason.
-    fn apply_rx(&mut self, got: Received, now: Instant) -> Result<Option<usize>, DropReason> {
+    /// Apply what the translation found to the neighbours and counters.
+    /// `Ok(Some((n, in_place)))`: write `n` bytes of the frame to the TAP, from the frame
+    /// scratch or (`in_place`) from the receive buffer at [`RX_IN_PLACE_AT`]; `Ok(None)`:
+    /// consumed (own loopback); `Err`: dropped for that reason.
+    fn apply_rx(
+        &mut self,
+        got: Received,
+        now: Instant,
+    ) -> Result<Option<(usize, bool)>, DropReason> {
         match got.fact {
             RxFact::None => {}
             RxFact::OwnLoopback => stats::add(&self.stats.rx_own_looped, 1),
@@ -188,7 +200,8 @@ impl Interface {
             }
         }
         match got.verdict {
-            RxVerdict::Deliver(n) => Ok(Some(n)),
+            RxVerdict::Deliver(n) => Ok(Some((n, false))),
+            RxVerdict::DeliverInPlace(n) => Ok(Some((n, true))),
             RxVerdict::Consumed => Ok(None),
             RxVerdict::Drop(why) => Err(rx_drop_reason(why)),
         }

@@ -8,6 +8,11 @@ use std::net::{IpAddr, Ipv6Addr};
 // The verbs layer and the codecs name the same multicast QPN.
 const _: () = assert!(MULTICAST_QPN == ipoib::MULTICAST_QPN);
 
+/// Where a frame from the TAP is read into a send slot's room: its Ethernet header ends
+/// where the IPoIB header does once translated in place ([`translate::IN_PLACE_AT`]), so
+/// the IPoIB packet starts at [`SEND_HEADROOM`], where every send starts.
+const FRAME_AT: usize = SEND_HEADROOM - translate::IN_PLACE_AT;
+
 impl Interface {
     /// Reap send completions. Returns how many.
     pub fn poll_tx(&mut self, now: Instant) -> Result<usize, Failure> {
@@ -95,35 +100,46 @@ impl Interface {
     ) -> Result<usize, Failure> {
         let mut taken = 0;
         while taken < self.tx_batch && gate.may_read(self.ledger.free_send()) {
-            let n = match tap.read_frame(&mut self.frame) {
+            // The frame is read straight into a send slot's room, placed so that its IP
+            // packet already lies where the send carries it: a data packet is sent
+            // without being copied again.
+            let Some(slot) = self.ledger.reserve_send() else {
+                break;
+            };
+            let n = match tap.read_frame(&mut self.ep.send_room(slot)[FRAME_AT..]) {
                 Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    gate.on_drained();
-                    break;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-                    // A frame the TAP layer could not turn into frames (a bad offload
-                    // request): dropped and counted, the next one is read.
-                    taken += 1;
-                    self.stats.count_drop(DropReason::TxBadOffload);
-                    if self.log.allow(now) {
-                        tracing::warn!(error = %e, "a frame from the TAP was dropped");
-                    }
-                    continue;
-                }
                 Err(e) => {
-                    // The TAP itself failing is not a verbs failure: count and stop this
-                    // turn; the loop will try again on the next readiness.
-                    gate.on_drained();
-                    if self.log.allow(now) {
-                        tracing::warn!(error = %e, "reading the TAP failed");
+                    self.ledger.release(Ring::Send, slot);
+                    match e.kind() {
+                        io::ErrorKind::WouldBlock => {
+                            gate.on_drained();
+                            break;
+                        }
+                        io::ErrorKind::Interrupted => continue,
+                        io::ErrorKind::InvalidData => {
+                            // A frame the TAP layer could not turn into frames (a bad
+                            // offload request): dropped and counted, the next one is read.
+                            taken += 1;
+                            self.stats.count_drop(DropReason::TxBadOffload);
+                            if self.log.allow(now) {
+                                tracing::warn!(error = %e, "a frame from the TAP was dropped");
+                            }
+                            continue;
+                        }
+                        _ => {
+                            // The TAP itself failing is not a verbs failure: count and stop
+                            // this turn; the loop will try again on the next readiness.
+                            gate.on_drained();
+                            if self.log.allow(now) {
+                                tracing::warn!(error = %e, "reading the TAP failed");
+                            }
+                            break;
+                        }
                     }
-                    break;
                 }
             };
             taken += 1;
-            if let Err(reason) = self.tx_frame(n, now) {
+            if let Err(reason) = self.tx_slot(slot, n, now) {
                 self.stats.count_drop(reason);
             }
         }
@@ -132,44 +148,77 @@ impl Interface {
         Ok(taken)
     }
 
-    /// Translate the frame in `self.frame[..n]` into a send on the chain.
-    pub(super) fn tx_frame(&mut self, n: usize, now: Instant) -> Result<(), DropReason> {
+    /// Translate the frame of `n` bytes read into send slot `slot`'s room (at
+    /// [`FRAME_AT`]) into a send on the chain. The slot is reserved; a dropped frame
+    /// gives it back.
+    pub(super) fn tx_slot(&mut self, slot: u32, n: usize, now: Instant) -> Result<(), DropReason> {
+        match self.tx_slot_inner(slot, n, now) {
+            Ok(()) => Ok(()),
+            Err((reason, resolve)) => {
+                self.ledger.release(Ring::Send, slot);
+                // Given back first: the request may take the slot the frame had.
+                if let Some(ip) = resolve {
+                    self.resolve(ip, now);
+                }
+                Err(reason)
+            }
+        }
+    }
+
+    fn tx_slot_inner(
+        &mut self,
+        slot: u32,
+        n: usize,
+        now: Instant,
+    ) -> Result<(), (DropReason, Option<IpAddr>)> {
+        let drop = |r| (r, None);
         let local = self.local();
         let neigh = &self.neigh;
-        let plan = translate::plan_send(&self.frame[..n], &local, self.mtu, |mac| {
+        let frame = self
+            .ep
+            .send_room(slot)
+            .get_mut(FRAME_AT..FRAME_AT + n)
+            .ok_or((DropReason::TxOversized, None))?;
+        let plan = translate::plan_send(frame, &local, self.mtu, |mac| {
             neigh.by_mac(mac).map(|p| p.hw)
         })
-        .map_err(tx_drop_reason)?;
+        .map_err(|why| drop(tx_drop_reason(why)))?;
         let dest = match plan.route {
             Route::Group => self.group_dest(),
             Route::Peer { mac, otherwise } => match (self.unicast_dest(&mac, now), otherwise) {
                 (Ok(d), _) => d,
                 (Err(_), Otherwise::Group) => self.group_dest(),
                 (Err(DropReason::TxNoNeighbour), Otherwise::Resolve(ip)) => {
-                    self.resolve(ip, now);
-                    return Err(DropReason::TxNoNeighbour);
+                    return Err((DropReason::TxNoNeighbour, Some(ip)));
                 }
-                (Err(r), _) => return Err(r),
+                (Err(r), _) => return Err(drop(r)),
             },
         };
-        let slot = self.ledger.reserve_send().ok_or(DropReason::TxPostFailed)?;
-        // Split borrows: the send buffer lives in the endpoint, the frame in another field.
-        let sbuf = self.ep.send_buf(slot);
-        match plan.body.emit(&self.frame[..n], sbuf) {
-            Ok(len) => {
-                let kind = match plan.body {
-                    Body::Arp(_) => Sent::Arp,
-                    Body::Nd { .. } => Sent::Nd,
-                    Body::Ipv4 { .. } | Body::Ipv6 { .. } => Sent::Data,
-                };
-                self.push_send(slot, len, dest, kind);
-                Ok(())
+        let room = self.ep.send_room(slot);
+        let frame = &mut room[FRAME_AT..FRAME_AT + n];
+        let len = match plan.body.emit_in_place(frame) {
+            Ok(Some(len)) => len,
+            Ok(None) => {
+                // ARP and neighbour discovery change length on the way: copied out and
+                // written back translated (the control plane, not the data path).
+                let copy = self
+                    .frame
+                    .get_mut(..n)
+                    .ok_or((DropReason::TxOversized, None))?;
+                copy.copy_from_slice(frame);
+                plan.body
+                    .emit(&self.frame[..n], self.ep.send_buf(slot))
+                    .map_err(|why| drop(tx_drop_reason(why)))?
             }
-            Err(why) => {
-                self.ledger.release(Ring::Send, slot);
-                Err(tx_drop_reason(why))
-            }
-        }
+            Err(why) => return Err(drop(tx_drop_reason(why))),
+        };
+        let kind = match plan.body {
+            Body::Arp(_) => Sent::Arp,
+            Body::Nd { .. } => Sent::Nd,
+            Body::Ipv4 { .. } | Body::Ipv6 { .. } => Sent::Data,
+        };
+        self.push_send(slot, len, dest, kind);
+        Ok(())
     }
 
     pub(super) fn push_arp(
@@ -274,8 +323,10 @@ impl Interface {
         mac: &Mac,
         now: Instant,
     ) -> Result<(Dest, Option<AhHandle>), DropReason> {
-        let peer = *self.neigh.by_mac(mac).ok_or(DropReason::TxNoNeighbour)?;
-        self.neigh.mark_used(mac, now);
+        let peer = self
+            .neigh
+            .use_peer(mac, now)
+            .ok_or(DropReason::TxNoNeighbour)?;
         let ah = match peer.ah {
             Some(ah) => ah,
             None => match self.ep.create_ah(&peer.hw.gid) {
