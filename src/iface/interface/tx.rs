@@ -106,7 +106,13 @@ impl Interface {
             let Some(slot) = self.ledger.reserve_send() else {
                 break;
             };
-            let n = match tap.read_frame(&mut self.ep.send_room(slot)[FRAME_AT..]) {
+            // (A reserved slot always has its room; an empty one reads as a short frame.)
+            let room = self
+                .ep
+                .send_room(slot)
+                .get_mut(FRAME_AT..)
+                .unwrap_or_default();
+            let n = match tap.read_frame(room) {
                 Ok(n) => n,
                 Err(e) => {
                     self.ledger.release(Ring::Send, slot);
