@@ -106,3 +106,78 @@ pub fn with_umask<T>(mask: u32, f: impl FnOnce() -> T) -> T {
     set_umask(old);
     r
 }
+
+/// Run the calling thread under the real-time FIFO policy at `priority` (1..=99), with
+/// `SCHED_RESET_ON_FORK`: threads it starts meanwhile run under the normal policy, as
+/// they would have. Needs `CAP_SYS_NICE` (or an `RLIMIT_RTPRIO` that allows it).
+pub fn set_thread_fifo(priority: u8) -> io::Result<()> {
+    set_thread_policy(
+        libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK,
+        libc::c_int::from(priority),
+    )
+}
+
+/// Run the calling thread under the normal (`SCHED_OTHER`) policy again.
+pub fn set_thread_normal() -> io::Result<()> {
+    set_thread_policy(libc::SCHED_OTHER, 0)
+}
+
+fn set_thread_policy(policy: libc::c_int, priority: libc::c_int) -> io::Result<()> {
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: sched_setscheduler(2) with pid 0 acts on the calling thread; it reads the
+    // `sched_param` through the pointer, which points to a live local, and writes nothing.
+    let r = unsafe { libc::sched_setscheduler(0, policy, &param) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The calling thread's scheduling policy (`SCHED_OTHER`, `SCHED_FIFO`, ..., with
+/// `SCHED_RESET_ON_FORK` if set).
+pub fn thread_policy() -> io::Result<libc::c_int> {
+    // SAFETY: sched_getscheduler(2) with pid 0 asks about the calling thread and touches
+    // no memory.
+    let r = unsafe { libc::sched_getscheduler(0) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_goes_real_time_and_back_and_its_new_threads_stay_normal() {
+        // Root (as in CI) may raise a thread's policy; anyone else is told so, and the
+        // test says why it cannot run rather than passing on nothing.
+        let probe = std::thread::spawn(|| {
+            if let Err(e) = set_thread_fifo(1) {
+                assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+                assert_ne!(euid(), 0, "root was refused SCHED_FIFO: {e}");
+                eprintln!("SKIPPED: SCHED_FIFO needs CAP_SYS_NICE, which this user lacks ({e})");
+                return;
+            }
+            assert_eq!(
+                thread_policy().unwrap(),
+                libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK
+            );
+            let child = std::thread::spawn(|| thread_policy().unwrap())
+                .join()
+                .unwrap();
+            assert_eq!(child, libc::SCHED_OTHER, "a thread started meanwhile");
+            set_thread_normal().unwrap();
+            assert_eq!(thread_policy().unwrap(), libc::SCHED_OTHER);
+        });
+        probe.join().unwrap();
+        assert_eq!(
+            thread_policy().unwrap(),
+            libc::SCHED_OTHER,
+            "only that thread"
+        );
+    }
+}
