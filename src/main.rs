@@ -144,11 +144,6 @@ struct TuneArgs {
     /// instead of arming and sleeping: lower latency for CPU time (0: off).
     #[arg(long, value_name = "MICROSECONDS")]
     busy_poll_us: Option<u64>,
-    /// Run each restart on the supervisor's thread at this real-time (SCHED_FIFO)
-    /// priority, 1-99, so that a peer's flood does not slow it (default 10; 0: the
-    /// normal policy; needs CAP_SYS_NICE, without it restarts run at the normal policy).
-    #[arg(long, value_name = "PRIORITY")]
-    restart_priority: Option<u8>,
     /// Q_Key of the UD QP.
     #[arg(long, value_parser = parse_u32)]
     qkey: Option<u32>,
@@ -755,7 +750,6 @@ impl TuneArgs {
             poll_batch: self.poll_batch,
             tx_batch: self.tx_batch,
             busy_poll_us: self.busy_poll_us,
-            restart_priority: self.restart_priority,
             qkey: self.qkey,
             group: self.group.clone(),
             tap_offload: self.tap_offload,
@@ -812,7 +806,6 @@ fn flag_keys(a: &UpArgs) -> Vec<&'static str> {
         ("poll-batch", t.poll_batch.is_some()),
         ("tx-batch", t.tx_batch.is_some()),
         ("busy-poll-us", t.busy_poll_us.is_some()),
-        ("restart-priority", t.restart_priority.is_some()),
         ("qkey", t.qkey.is_some()),
         ("group", t.group.is_some()),
         ("tap-offload", t.tap_offload.is_some()),

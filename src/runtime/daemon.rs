@@ -286,7 +286,6 @@ fn start(spec: &Launch, provider: Arc<dyn Provider>) -> Result<Running, DaemonEr
             tap: dev,
             stats: stats.clone(),
             status: status.clone(),
-            restart_priority: c.restart_priority,
         },
         iface,
     )

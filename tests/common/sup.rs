@@ -85,9 +85,6 @@ pub fn side_with(
             tap: dev_tap,
             stats: stats.clone(),
             status: status.clone(),
-            // As the daemon runs them: restarts at the default real-time priority (as
-            // root; otherwise refused once and run at the normal policy).
-            restart_priority: uipoib::runtime::config::DEFAULT_RESTART_PRIORITY,
         },
         iface,
     )

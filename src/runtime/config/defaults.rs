@@ -40,15 +40,6 @@ pub const DEFAULT_BUSY_POLL: Duration = Duration::ZERO;
 /// The longest busy-poll window accepted, in microseconds.
 pub const MAX_BUSY_POLL_US: u64 = 100_000;
 
-/// A restart runs on the supervisor's thread at this real-time (`SCHED_FIFO`) priority:
-/// under a peer's flood it then finishes in about half the time (docs/PERFORMANCE.md,
-/// "Recovery from a failed poll", has the runs). Low among real-time priorities (the
-/// kernel's own threaded interrupts run at 50).
-pub const DEFAULT_RESTART_PRIORITY: u8 = 10;
-
-/// The highest real-time priority Linux gives (`SCHED_FIFO`: 1..=99).
-pub const MAX_RESTART_PRIORITY: u8 = 99;
-
 /// Most neighbours kept; the least recently seen is evicted beyond this.
 pub const DEFAULT_NEIGH_CAPACITY: u32 = 4096;
 

@@ -57,8 +57,6 @@ pub struct ConfigKeys {
     pub backoff_initial_ms: Option<u64>,
     /// Longest backoff, in milliseconds.
     pub backoff_max_ms: Option<u64>,
-    /// Real-time (FIFO) priority of the supervisor's thread during a restart (0: normal).
-    pub restart_priority: Option<u8>,
     /// TAP checksum and TCP segmentation offload (`IFF_VNET_HDR`).
     pub tap_offload: Option<bool>,
     /// Serve fault injection on the control socket.
@@ -127,7 +125,6 @@ impl ConfigKeys {
             restart_window_secs: self.restart_window_secs.or(other.restart_window_secs),
             backoff_initial_ms: self.backoff_initial_ms.or(other.backoff_initial_ms),
             backoff_max_ms: self.backoff_max_ms.or(other.backoff_max_ms),
-            restart_priority: self.restart_priority.or(other.restart_priority),
             tap_offload: self.tap_offload.or(other.tap_offload),
             allow_faults: self.allow_faults.or(other.allow_faults),
             poll_failure_policy: self.poll_failure_policy.or(other.poll_failure_policy),

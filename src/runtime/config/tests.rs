@@ -221,13 +221,6 @@ fn each_bad_value_names_its_key() {
             },
             "busy-poll-us",
         ),
-        (
-            ConfigKeys {
-                restart_priority: Some(100),
-                ..base()
-            },
-            "restart-priority",
-        ),
     ];
     for (cfg, key) in cases {
         match Config::from_keys(cfg.clone()) {
@@ -625,38 +618,4 @@ fn busy_poll_is_off_unless_asked_for_and_reaches_the_interface() {
     .unwrap();
     assert_eq!(c.iface_config().busy_poll, Duration::from_micros(250));
     assert!(c.plan().contains("busy poll 250 us"), "{}", c.plan());
-}
-
-#[test]
-fn restarts_run_at_a_low_real_time_priority_unless_told_otherwise() {
-    let c = Config::from_keys(base()).unwrap();
-    assert_eq!(c.restart_priority, 10);
-    assert!(
-        c.plan().contains("at SCHED_FIFO priority 10"),
-        "{}",
-        c.plan()
-    );
-    let f = ConfigKeys::parse(
-        "[interface]\ndevice = \"rxe0\"\ntap = \"uip0\"\naddr = \"198.18.1.1/24\"\nrestart-priority = 0\n",
-    )
-    .unwrap();
-    let c = Config::from_keys(f).unwrap();
-    assert_eq!(c.restart_priority, 0);
-    assert!(c.plan().contains("normal priority"), "{}", c.plan());
-    let c = Config::from_keys(ConfigKeys {
-        restart_priority: Some(99),
-        ..base()
-    })
-    .unwrap();
-    assert_eq!(c.restart_priority, 99);
-    let err = Config::from_keys(ConfigKeys {
-        restart_priority: Some(100),
-        ..base()
-    })
-    .unwrap_err()
-    .to_string();
-    assert!(
-        err.contains("restart-priority") && err.contains("0..=99"),
-        "{err}"
-    );
 }

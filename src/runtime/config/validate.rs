@@ -61,9 +61,6 @@ pub struct Config {
     pub tap_offload: bool,
     /// Restart policy.
     pub restart: Policy,
-    /// The real-time (`SCHED_FIFO`) priority the supervisor's thread runs a restart at;
-    /// 0: the normal policy.
-    pub restart_priority: u8,
     /// The control socket serves `inject`, `clear` and `faults` (off unless asked for:
     /// a fault breaks the interface on purpose).
     pub allow_faults: bool,
@@ -287,16 +284,6 @@ impl Config {
                 ),
             });
         }
-        let restart_priority = f.restart_priority.unwrap_or(DEFAULT_RESTART_PRIORITY);
-        if restart_priority > MAX_RESTART_PRIORITY {
-            return Err(ConfigError::Invalid {
-                key: "restart-priority",
-                why: format!(
-                    "{restart_priority} is outside 0..={MAX_RESTART_PRIORITY} (the SCHED_FIFO \
-                     priority of a restart; 0 keeps the normal policy)"
-                ),
-            });
-        }
         let qkey = f.qkey.unwrap_or(DEFAULT_QKEY);
         if qkey & 0x8000_0000 != 0 {
             return Err(ConfigError::Invalid {
@@ -434,7 +421,6 @@ impl Config {
                 backoff_initial,
                 backoff_max,
             },
-            restart_priority,
         })
     }
 }
@@ -504,16 +490,11 @@ impl Config {
         );
         let _ = writeln!(
             t,
-            "  restart: backoff {}..{} ms, dead after more than {} restarts within {} s, {}; send-stall watchdog {} ms",
+            "  restart: backoff {}..{} ms, dead after more than {} restarts within {} s; send-stall watchdog {} ms",
             ms(self.restart.backoff_initial),
             ms(self.restart.backoff_max),
             self.restart.max_restarts,
             self.restart.window.as_secs(),
-            if self.restart_priority == 0 {
-                "normal priority".to_string()
-            } else {
-                format!("at SCHED_FIFO priority {}", self.restart_priority)
-            },
             ms(self.tx_timeout)
         );
         let _ = writeln!(

@@ -156,9 +156,6 @@ pub struct Supervised {
     pub stats: Arc<Stats>,
     /// Status shown on the control socket.
     pub status: Arc<Mutex<Status>>,
-    /// The real-time (`SCHED_FIFO`) priority a restart runs at on the supervisor's
-    /// thread; 0: the normal policy.
-    pub restart_priority: u8,
 }
 
 impl Supervisor {

@@ -30,42 +30,6 @@ fn unix_ms() -> u64 {
 /// A close came while the restart waited.
 struct Stop;
 
-/// The supervisor's thread at a real-time priority for as long as this lives (a restart),
-/// under the normal policy again afterwards. A peer that goes on sending to the QP being
-/// replaced costs the kernel a receive per packet; on a busy CPU that work, the
-/// application and the restart share the time, and the restart's phases stretch. With a
-/// priority the restart goes first wherever the kernel defers that work to a thread
-/// (`ksoftirqd`). Threads started meanwhile (the new poller) run under the normal policy.
-struct Priority(bool);
-
-impl Priority {
-    /// `warned`: whether a refusal was logged already (it is said once per interface).
-    fn raise(priority: u8, name: &str, warned: &mut bool) -> Priority {
-        if priority == 0 {
-            return Priority(false);
-        }
-        match crate::sys::process::set_thread_fifo(priority) {
-            Ok(()) => Priority(true),
-            Err(e) => {
-                if !std::mem::replace(warned, true) {
-                    tracing::warn!(iface = %name, priority, error = %e, "restarts run at the normal priority: setting SCHED_FIFO was refused (it needs CAP_SYS_NICE; restart-priority = 0 asks for none)");
-                }
-                Priority(false)
-            }
-        }
-    }
-}
-
-impl Drop for Priority {
-    fn drop(&mut self) {
-        if self.0
-            && let Err(e) = crate::sys::process::set_thread_normal()
-        {
-            tracing::error!(error = %e, "the supervisor's thread could not go back to the normal policy");
-        }
-    }
-}
-
 /// The state of one supervisor's thread.
 pub(super) struct SupervisorThread {
     s: Supervised,
@@ -91,8 +55,6 @@ pub(super) struct SupervisorThread {
     /// The reaper of the live endpoint, if its provider keeps replaced objects.
     reaper: Option<Arc<dyn Reaper>>,
     reaper_thread: ReaperThread,
-    /// Raising a restart's priority was refused (said once).
-    priority_refused: bool,
 }
 
 impl SupervisorThread {
@@ -114,7 +76,6 @@ impl SupervisorThread {
             start_failed: false,
             reaper: None,
             reaper_thread: ReaperThread::default(),
-            priority_refused: false,
         }
     }
 
@@ -192,11 +153,6 @@ impl SupervisorThread {
     /// Bring the interface back after `cause` (detected at `at`): `false` if a close
     /// came first.
     fn restart(&mut self, cause: Failure, untrusted: bool, at: Instant) -> bool {
-        let _priority = Priority::raise(
-            self.s.restart_priority,
-            &self.s.name,
-            &mut self.priority_refused,
-        );
         tracing::warn!(iface = %self.s.name, cause = cause.kind(), detail = %cause, epoch = self.machine.epoch(), "restarting the interface");
         self.drive(Event::Failed {
             cause,
