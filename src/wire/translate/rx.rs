@@ -133,20 +133,30 @@ pub fn receive(
 ) -> Received {
     match classify(buf, meta, grh, local, frame) {
         Classified::Done(r) => r,
-        Classified::Ip { header, len, fact } => {
-            let total = eth::HEADER_LEN + len;
-            if total > frame.len() {
-                return Received::drop(fact, RxDrop::Short);
+        Classified::Ip { header, len, fact } => match fitting(fact, len, frame.len(), buf) {
+            Ok(total) => {
+                // Cannot fail: `frame` holds more than the header.
+                let _ = eth::emit_header(frame, &header);
+                frame[eth::HEADER_LEN..total].copy_from_slice(&buf[IP_AT..IP_AT + len]);
+                Received {
+                    fact,
+                    verdict: RxVerdict::Deliver(total),
+                }
             }
-            // Cannot fail: `frame` holds more than the header.
-            let _ = eth::emit_header(frame, &header);
-            frame[eth::HEADER_LEN..total].copy_from_slice(&buf[IP_AT..IP_AT + len]);
-            Received {
-                fact,
-                verdict: RxVerdict::Deliver(total),
-            }
-        }
+            Err(dropped) => dropped,
+        },
     }
+}
+
+/// The frame an IP packet of `len` bytes in `buf` makes behind its Ethernet header, if
+/// that fits in a frame buffer of `room` bytes (and the packet is in `buf`); else the
+/// drop.
+fn fitting(fact: RxFact, len: usize, room: usize, buf: &[u8]) -> Result<usize, Received> {
+    let total = eth::HEADER_LEN + len;
+    if total > room || IP_AT + len > buf.len() {
+        return Err(Received::drop(fact, RxDrop::Short));
+    }
+    Ok(total)
 }
 
 /// Where the IP packet of a data receive starts in the receive buffer.
@@ -172,18 +182,18 @@ pub fn receive_in_place(
 ) -> Received {
     match classify(buf, meta, grh, local, frame) {
         Classified::Done(r) => r,
-        Classified::Ip { header, len, fact } => {
-            let total = eth::HEADER_LEN + len;
-            if total > frame.len() || IP_AT + len > buf.len() {
-                return Received::drop(fact, RxDrop::Short);
+        Classified::Ip { header, len, fact } => match fitting(fact, len, frame.len(), buf) {
+            Ok(total) => {
+                // Cannot fail: the buffer holds the GRH and the IPoIB header before the
+                // packet.
+                let _ = eth::emit_header(&mut buf[RX_IN_PLACE_AT..], &header);
+                Received {
+                    fact,
+                    verdict: RxVerdict::DeliverInPlace(total),
+                }
             }
-            // Cannot fail: the buffer holds the GRH and the IPoIB header before the packet.
-            let _ = eth::emit_header(&mut buf[RX_IN_PLACE_AT..], &header);
-            Received {
-                fact,
-                verdict: RxVerdict::DeliverInPlace(total),
-            }
-        }
+            Err(dropped) => dropped,
+        },
     }
 }
 
