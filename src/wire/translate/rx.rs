@@ -131,32 +131,59 @@ pub fn receive(
     local: &Local,
     frame: &mut [u8],
 ) -> Received {
-    match classify(buf, meta, grh, local, frame) {
-        Classified::Done(r) => r,
-        Classified::Ip { header, len, fact } => match fitting(fact, len, frame.len(), buf) {
-            Ok(total) => {
-                // Cannot fail: `frame` holds more than the header.
-                let _ = eth::emit_header(frame, &header);
-                frame[eth::HEADER_LEN..total].copy_from_slice(&buf[IP_AT..IP_AT + len]);
-                Received {
-                    fact,
-                    verdict: RxVerdict::Deliver(total),
-                }
-            }
-            Err(dropped) => dropped,
-        },
+    let ip = match ip_to_deliver(buf, meta, grh, local, frame) {
+        Ok(ip) => ip,
+        Err(done) => return done,
+    };
+    // Cannot fail: `frame` holds more than the header.
+    let _ = eth::emit_header(frame, &ip.header);
+    frame[eth::HEADER_LEN..ip.total].copy_from_slice(&buf[IP_AT..IP_AT + ip.len]);
+    ip.delivered(RxVerdict::Deliver(ip.total))
+}
+
+/// An IP packet [`classify`] passed on whose frame fits: its Ethernet header, the
+/// packet's `len` bytes at [`IP_AT`], the frame's `total` bytes.
+struct IpFrame {
+    header: EthHeader,
+    len: usize,
+    total: usize,
+    fact: RxFact,
+}
+
+impl IpFrame {
+    fn delivered(&self, verdict: RxVerdict) -> Received {
+        Received {
+            fact: self.fact,
+            verdict,
+        }
     }
 }
 
-/// The frame an IP packet of `len` bytes in `buf` makes behind its Ethernet header, if
-/// that fits in a frame buffer of `room` bytes (and the packet is in `buf`); else the
-/// drop.
-fn fitting(fact: RxFact, len: usize, room: usize, buf: &[u8]) -> Result<usize, Received> {
-    let total = eth::HEADER_LEN + len;
-    if total > room || IP_AT + len > buf.len() {
-        return Err(Received::drop(fact, RxDrop::Short));
+/// [`classify`], then for an IP packet the check both ways of delivering it share: its
+/// frame must fit in `frame` (and the packet lie in `buf`). `Err`: the result as it
+/// stands (anything but an IP packet, or the drop of one that does not fit).
+fn ip_to_deliver(
+    buf: &[u8],
+    meta: RecvMeta,
+    grh: GrhKind,
+    local: &Local,
+    frame: &mut [u8],
+) -> Result<IpFrame, Received> {
+    match classify(buf, meta, grh, local, frame) {
+        Classified::Done(r) => Err(r),
+        Classified::Ip { header, len, fact } => {
+            let total = eth::HEADER_LEN + len;
+            if total > frame.len() || IP_AT + len > buf.len() {
+                return Err(Received::drop(fact, RxDrop::Short));
+            }
+            Ok(IpFrame {
+                header,
+                len,
+                total,
+                fact,
+            })
+        }
     }
-    Ok(total)
 }
 
 /// Where the IP packet of a data receive starts in the receive buffer.
@@ -180,21 +207,13 @@ pub fn receive_in_place(
     local: &Local,
     frame: &mut [u8],
 ) -> Received {
-    match classify(buf, meta, grh, local, frame) {
-        Classified::Done(r) => r,
-        Classified::Ip { header, len, fact } => match fitting(fact, len, frame.len(), buf) {
-            Ok(total) => {
-                // Cannot fail: the buffer holds the GRH and the IPoIB header before the
-                // packet.
-                let _ = eth::emit_header(&mut buf[RX_IN_PLACE_AT..], &header);
-                Received {
-                    fact,
-                    verdict: RxVerdict::DeliverInPlace(total),
-                }
-            }
-            Err(dropped) => dropped,
-        },
-    }
+    let ip = match ip_to_deliver(buf, meta, grh, local, frame) {
+        Ok(ip) => ip,
+        Err(done) => return done,
+    };
+    // Cannot fail: the buffer holds the GRH and the IPoIB header before the packet.
+    let _ = eth::emit_header(&mut buf[RX_IN_PLACE_AT..], &ip.header);
+    ip.delivered(RxVerdict::DeliverInPlace(ip.total))
 }
 
 /// What [`classify`] found: a result, or an IP packet to pass on behind `header` (the

@@ -115,6 +115,11 @@ fn rx(buf: &[u8], m: RecvMeta) -> (Received, Vec<u8>) {
     (r, frame)
 }
 
+/// [`rx`]'s receive, in place: from the peer's QPN, the frame scratch given.
+fn rx_in_place(buf: &mut [u8], frame: &mut [u8]) -> Received {
+    receive_in_place(buf, meta(PEER_QPN), GrhKind::Ipv6, &local(), frame)
+}
+
 fn refused(why: RxDrop) -> Received {
     Received {
         fact: RxFact::Arp(ArpSender::Refused),
@@ -535,13 +540,7 @@ fn data_received_in_place_is_the_frame_receive_writes_and_arp_is_not_in_place() 
     let (r, frame) = rx(&buf, meta(PEER_QPN));
     let mut inplace = buf.clone();
     let mut scratch = vec![0u8; eth::HEADER_LEN + 4096];
-    let s = receive_in_place(
-        &mut inplace,
-        meta(PEER_QPN),
-        GrhKind::Ipv6,
-        &local(),
-        &mut scratch,
-    );
+    let s = rx_in_place(&mut inplace, &mut scratch);
     let n = eth::HEADER_LEN + 100;
     assert_eq!(s.fact, r.fact);
     assert_eq!(s.verdict, RxVerdict::DeliverInPlace(n));
@@ -550,13 +549,7 @@ fn data_received_in_place_is_the_frame_receive_writes_and_arp_is_not_in_place() 
     // A frame scratch too small refuses it in place too.
     let mut small = vec![0u8; n - 1];
     let mut inplace = buf.clone();
-    let s = receive_in_place(
-        &mut inplace,
-        meta(PEER_QPN),
-        GrhKind::Ipv6,
-        &local(),
-        &mut small,
-    );
+    let s = rx_in_place(&mut inplace, &mut small);
     assert_eq!(s.verdict, RxVerdict::Drop(RxDrop::Short));
     // ARP changes length: written to the scratch.
     let a = IpoibArp {
@@ -569,13 +562,7 @@ fn data_received_in_place_is_the_frame_receive_writes_and_arp_is_not_in_place() 
     let buf = from_peer(ETHERTYPE_ARP, &arp_bytes(&a));
     let (r, frame) = rx(&buf, meta(PEER_QPN));
     let mut inplace = buf.clone();
-    let s = receive_in_place(
-        &mut inplace,
-        meta(PEER_QPN),
-        GrhKind::Ipv6,
-        &local(),
-        &mut scratch,
-    );
+    let s = rx_in_place(&mut inplace, &mut scratch);
     assert_eq!(s, r);
     let RxVerdict::Deliver(n) = s.verdict else {
         panic!("{s:?}");
