@@ -3,6 +3,7 @@
 //! renewal.
 
 use std::io::{self, Read};
+use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
@@ -47,6 +48,19 @@ impl SimEndpoint {
         let start = wr.slot as usize * send_stride(self.attrs.max_payload) + SEND_HEADROOM;
         &self.send_mem[start..start + wr.len as usize]
     }
+
+    /// Where receive slot `slot` lies in `recv_mem` (`None`: out of range).
+    fn recv_range(&self, slot: u32) -> Option<Range<usize>> {
+        let start = (slot < self.attrs.recv_slots).then(|| slot as usize * self.recv_stride)?;
+        Some(start..start + self.recv_stride)
+    }
+
+    /// Where send slot `slot` with its room lies in `send_mem` (`None`: out of range).
+    fn send_room_range(&self, slot: u32) -> Option<Range<usize>> {
+        let len = send_stride(self.attrs.max_payload);
+        let start = (slot < self.attrs.send_slots).then(|| slot as usize * len)?;
+        Some(start..start + len)
+    }
 }
 
 impl Endpoint for SimEndpoint {
@@ -56,40 +70,27 @@ impl Endpoint for SimEndpoint {
 
     /// An out-of-range slot gives an empty slice.
     fn recv_buf(&self, slot: u32) -> &[u8] {
-        if slot >= self.attrs.recv_slots {
-            return &[];
-        }
-        let start = slot as usize * self.recv_stride;
-        &self.recv_mem[start..start + self.recv_stride]
+        self.recv_range(slot).map_or(&[], |r| &self.recv_mem[r])
     }
 
     /// An out-of-range slot gives an empty slice.
     fn recv_buf_mut(&mut self, slot: u32) -> &mut [u8] {
-        if slot >= self.attrs.recv_slots {
-            return &mut [];
-        }
-        let start = slot as usize * self.recv_stride;
-        &mut self.recv_mem[start..start + self.recv_stride]
+        self.recv_range(slot)
+            .map_or(&mut [], |r| &mut self.recv_mem[r])
     }
 
     /// An out-of-range slot gives an empty slice.
     fn send_buf(&mut self, slot: u32) -> &mut [u8] {
-        if slot >= self.attrs.send_slots {
-            return &mut [];
-        }
         let len = self.attrs.max_payload as usize;
-        let start = slot as usize * send_stride(self.attrs.max_payload) + SEND_HEADROOM;
-        &mut self.send_mem[start..start + len]
+        self.send_room_range(slot).map_or(&mut [], |r| {
+            &mut self.send_mem[r.start + SEND_HEADROOM..r.start + SEND_HEADROOM + len]
+        })
     }
 
     /// An out-of-range slot gives an empty slice.
     fn send_room(&mut self, slot: u32) -> &mut [u8] {
-        if slot >= self.attrs.send_slots {
-            return &mut [];
-        }
-        let len = send_stride(self.attrs.max_payload);
-        let start = slot as usize * len;
-        &mut self.send_mem[start..start + len]
+        self.send_room_range(slot)
+            .map_or(&mut [], |r| &mut self.send_mem[r])
     }
 
     fn post_recv(&mut self, wr_id: u64, slot: u32) -> Result<(), VerbsError> {
