@@ -326,26 +326,26 @@ impl Endpoint for RdmaEndpoint {
 
     fn recv_buf_mut(&mut self, slot: u32) -> &mut [u8] {
         let len = self.layout.recv_len;
-        match self.layout.recv_offset(slot) {
-            Some(off) => self.region.slice_mut(off, len).unwrap_or(&mut []),
-            None => &mut [],
-        }
+        self.layout
+            .recv_offset(slot)
+            .and_then(|off| self.region.slice_mut(off, len))
+            .unwrap_or(&mut [])
     }
 
     fn send_buf(&mut self, slot: u32) -> &mut [u8] {
         let len = self.layout.send_len;
-        match self.layout.send_offset(slot) {
-            Some(off) => self.region.slice_mut(off, len).unwrap_or(&mut []),
-            None => &mut [],
-        }
+        self.layout
+            .send_offset(slot)
+            .and_then(|off| self.region.slice_mut(off, len))
+            .unwrap_or(&mut [])
     }
 
     fn send_room(&mut self, slot: u32) -> &mut [u8] {
         let len = self.layout.send_room_len();
-        match self.layout.send_room_offset(slot) {
-            Some(off) => self.region.slice_mut(off, len).unwrap_or(&mut []),
-            None => &mut [],
-        }
+        self.layout
+            .send_room_offset(slot)
+            .and_then(|off| self.region.slice_mut(off, len))
+            .unwrap_or(&mut [])
     }
 
     fn post_recv(&mut self, wr_id: u64, slot: u32) -> Result<(), VerbsError> {
