@@ -112,36 +112,35 @@ impl Interface {
                 .send_room(slot)
                 .get_mut(FRAME_AT..)
                 .unwrap_or_default();
-            let n = match tap.read_frame(room) {
+            let read = tap.read_frame(room);
+            if read.is_err() {
+                self.ledger.release(Ring::Send, slot);
+            }
+            let n = match read {
                 Ok(n) => n,
-                Err(e) => {
-                    self.ledger.release(Ring::Send, slot);
-                    match e.kind() {
-                        io::ErrorKind::WouldBlock => {
-                            gate.on_drained();
-                            break;
-                        }
-                        io::ErrorKind::Interrupted => continue,
-                        io::ErrorKind::InvalidData => {
-                            // A frame the TAP layer could not turn into frames (a bad
-                            // offload request): dropped and counted, the next one is read.
-                            taken += 1;
-                            self.stats.count_drop(DropReason::TxBadOffload);
-                            if self.log.allow(now) {
-                                tracing::warn!(error = %e, "a frame from the TAP was dropped");
-                            }
-                            continue;
-                        }
-                        _ => {
-                            // The TAP itself failing is not a verbs failure: count and stop
-                            // this turn; the loop will try again on the next readiness.
-                            gate.on_drained();
-                            if self.log.allow(now) {
-                                tracing::warn!(error = %e, "reading the TAP failed");
-                            }
-                            break;
-                        }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    gate.on_drained();
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                    // A frame the TAP layer could not turn into frames (a bad offload
+                    // request): dropped and counted, the next one is read.
+                    taken += 1;
+                    self.stats.count_drop(DropReason::TxBadOffload);
+                    if self.log.allow(now) {
+                        tracing::warn!(error = %e, "a frame from the TAP was dropped");
                     }
+                    continue;
+                }
+                Err(e) => {
+                    // The TAP itself failing is not a verbs failure: count and stop this
+                    // turn; the loop will try again on the next readiness.
+                    gate.on_drained();
+                    if self.log.allow(now) {
+                        tracing::warn!(error = %e, "reading the TAP failed");
+                    }
+                    break;
                 }
             };
             taken += 1;
