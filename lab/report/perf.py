@@ -318,6 +318,8 @@ def restart(out, tag):
     rcv = end.get("sum_received") or {}
     return dict(
         recovery_ms=recs[-1].get("recovery_ms") if recs else None,
+        announced_ms=recs[-1].get("announced_ms") if recs else None,
+        phases=(recs[-1].get("phases") or {}) if recs else {},
         restarts=len(recs) if recs is not None else None,
         session_intact=(1.0 if good and rcv.get("bytes", 0) > 0 else 0.0) if j is not None else None,
         retransmits=(end.get("sum_sent") or {}).get("retransmits") if good else None,
@@ -551,6 +553,7 @@ def perf(args):
     rus = [r["restart_udp"] for r in rows]
     p("")
     summary["recovery_ms"] = line("recovery from one poll failure  ms", [x["recovery_ms"] for x in recs], ".1f")
+    summary["recovery_announced_ms"] = line("  detection to announcement  ms", [x["announced_ms"] for x in recs], ".1f")
     summary["recovery_session_intact"] = line("  TCP session intact (1 = yes)", [x["session_intact"] for x in recs], ".0f")
     summary["recovery_tcp_retransmits"] = line("  TCP retransmits per restart", [x["retransmits"] for x in recs], ".0f")
     summary["recovery_rx_lost_rxe"] = line("  rx lost per restart (rxe)", [x["rx_lost_rxe"] for x in recs], ".0f")
@@ -559,12 +562,20 @@ def perf(args):
     summary["restart_udp_lost_packets"] = line("UDP datagrams lost per restart", [x["lost_packets"] for x in rus], ".0f")
     line("  UDP datagrams in the run", [x["packets"] for x in rus], ".0f")
     summary["restart_udp_recovery_ms"] = line("  recovery ms (UDP run)", [x["recovery_ms"] for x in rus], ".1f")
+    summary["restart_udp_announced_ms"] = line("  detection to announcement  ms", [x["announced_ms"] for x in rus], ".1f")
     summary["restart_udp_rx_lost_rxe"] = line("  rx lost per restart (rxe, UDP run)", [x["rx_lost_rxe"] for x in rus], ".0f")
     summary["restart_udp_lost_between_daemons"] = line("  b daemon sent - a daemon received", [x["where_lost"]["between_daemons"] for x in rus], ".0f")
     for r, x, y in zip(rows, rus, recs):
         p(f"  rep {r['rep']} under TCP: restarts seen {y['restarts']}; {where_text(y['where_lost'])}")
         p(f"  rep {r['rep']} under UDP: restarts seen {x['restarts']}; lost {fmt(x['lost_packets'], '.0f')} of "
           f"{fmt(x['packets'], '.0f')}: {where_text(x['where_lost'])}")
+    # Where each restart's time went (ms), as `scripts/perf recovery` prints it.
+    if any(x["phases"] for x in recs + rus):
+        p("  phases (ms):          " + " ".join(f"{k:>8}" for k in PHASES))
+        for r, x, y in zip(rows, rus, recs):
+            for what, z in (("TCP", y), ("UDP", x)):
+                if z["phases"]:
+                    p(f"  rep {r['rep']} under {what}     " + " ".join(f"{z['phases'].get(k + '_ms', 0.0):8.1f}" for k in PHASES))
 
     for pre in pres:
         n = names[pre]
@@ -703,7 +714,7 @@ def perf_host(a):
 
 # ---- recovery: scripts/perf recovery ------------------------------------------------------------
 
-PHASES = ["handoff", "drain", "destroy", "renew", "reap", "open", "ah", "attach", "fill", "start", "spawn", "carrier"]
+PHASES = ["handoff", "drain", "destroy", "renew", "reap", "open", "ah", "attach", "fill", "start", "announce", "spawn", "carrier"]
 
 
 def recovery(a):

@@ -101,6 +101,10 @@ pub enum Event {
     },
     /// The poller asked for runs, with the carrier on.
     PollerStarted {
+        /// Posting the announcement of the new QPN.
+        announce: Duration,
+        /// When it was posted.
+        announced: Instant,
         /// Starting the poller thread and its registrations.
         spawn: Duration,
         /// Turning the carrier on.
@@ -357,14 +361,24 @@ impl Recovery {
                 });
                 self.attempt(now, &mut acts);
             }
-            (Stage::Starting { since }, Event::PollerStarted { spawn, carrier }) => {
+            (
+                Stage::Starting { since },
+                Event::PollerStarted {
+                    announce,
+                    announced,
+                    spawn,
+                    carrier,
+                },
+            ) => {
                 let epoch = self.next_epoch();
                 self.epoch = epoch;
                 self.last_start = since;
                 let r = &mut self.record;
                 r.epoch = epoch;
                 r.recovery_ms = ms(now.saturating_duration_since(self.detected));
+                r.announced_ms = ms(announced.saturating_duration_since(self.detected));
                 r.phases.start_ms = ms(now.saturating_duration_since(since));
+                r.phases.announce_ms = ms(announce);
                 r.phases.spawn_ms = ms(spawn);
                 r.phases.carrier_ms = ms(carrier);
                 self.stage = Stage::Running;

@@ -35,6 +35,11 @@ pub struct RestartRecord {
     /// Where the recovery time went (ms), in order; see [`Phases`].
     #[serde(default)]
     pub phases: Phases,
+    /// From detection to the announcement of the new QPN posted (ms): peers send to the
+    /// QP that is gone until it reaches them, so what a restart loses under load grows
+    /// with it.
+    #[serde(default)]
+    pub announced_ms: f64,
     /// Whether the failed epoch's interface was lost (a poller panic): nothing was
     /// drained or reaped, and `ledger_balanced` is `false` because its work requests
     /// cannot be accounted for, not because a reap found them unbalanced.
@@ -67,12 +72,15 @@ pub struct Phases {
     pub attach_ms: f64,
     /// Posting the receive ring.
     pub fill_ms: f64,
-    /// Starting the poller and turning the carrier on (of which `spawn_ms` and
-    /// `carrier_ms`).
+    /// Announcing the new QPN, starting the poller and turning the carrier on (of which
+    /// `announce_ms`, `spawn_ms` and `carrier_ms`).
     pub start_ms: f64,
+    /// Posting the announcement (the gratuitous ARP and the unsolicited advertisements),
+    /// before the poller starts.
+    #[serde(default)]
+    pub announce_ms: f64,
     /// Starting the poller: its poll set, registrations and thread (on one CPU the new
-    /// thread may run first: its first polls are then in here too). The gratuitous ARP
-    /// goes before it, inside `start_ms`.
+    /// thread may run first: its first polls are then in here too).
     #[serde(default)]
     pub spawn_ms: f64,
     /// The TAP carrier on (`TUNSETCARRIER`).

@@ -48,6 +48,8 @@ fn opened(on_kept: bool) -> Event {
 
 fn started() -> Event {
     Event::PollerStarted {
+        announce: Duration::ZERO,
+        announced: Instant::now(),
         spawn: Duration::ZERO,
         carrier: Duration::ZERO,
     }
@@ -191,6 +193,8 @@ fn a_restart_keeps_the_endpoint_and_records_where_its_time_went() {
     assert!(!m.is_running());
     let r = recorded(&m.handle(
         Event::PollerStarted {
+            announce: Duration::from_micros(500),
+            announced: c.t(5015),
             spawn: Duration::from_millis(1),
             carrier: Duration::from_millis(1),
         },
@@ -220,6 +224,9 @@ fn a_restart_keeps_the_endpoint_and_records_where_its_time_went() {
     assert!(close(p.attach_ms, 2.0) && close(p.fill_ms, 1.0), "{p:?}");
     assert!(close(p.start_ms, 2.0) && close(p.spawn_ms, 1.0), "{p:?}");
     assert!(close(p.carrier_ms, 1.0), "{p:?}");
+    assert!(close(p.announce_ms, 0.5), "{p:?}");
+    // Detected at 5000 ms, announced at 5015.
+    assert!(close(r.announced_ms, 15.0), "{r:?}");
 }
 
 #[test]

@@ -30,6 +30,15 @@ fn unix_ms() -> u64 {
 /// A close came while the restart waited.
 struct Stop;
 
+/// What starting an epoch took: the announcement's post (and when it was done), the
+/// poller's start, the carrier.
+struct StartTimes {
+    announce: Duration,
+    announced: Instant,
+    spawn: Duration,
+    carrier: Duration,
+}
+
 /// The state of one supervisor's thread.
 pub(super) struct SupervisorThread {
     s: Supervised,
@@ -387,9 +396,14 @@ impl SupervisorThread {
             }
         }
         match self.start_poller(iface, epoch) {
-            Ok((p, (spawn, carrier))) => {
+            Ok((p, t)) => {
                 self.poller = Some(p);
-                Event::PollerStarted { spawn, carrier }
+                Event::PollerStarted {
+                    announce: t.announce,
+                    announced: t.announced,
+                    spawn: t.spawn,
+                    carrier: t.carrier,
+                }
             }
             Err(f) => {
                 self.last_error = f.error.to_string();
@@ -477,22 +491,23 @@ impl SupervisorThread {
         }
     }
 
-    /// Start a poller on `iface` (epoch `epoch`) and turn the carrier on; with the time
-    /// the thread and its registration took, then the carrier. On failure the interface
-    /// comes back.
+    /// Announce the new QPN, start a poller on `iface` (epoch `epoch`) and turn the
+    /// carrier on; with what each took. On failure the interface comes back.
     fn start_poller(
         &mut self,
         mut iface: Interface,
         epoch: u16,
-    ) -> Result<(Poller, (Duration, Duration)), SpawnFailed> {
+    ) -> Result<(Poller, StartTimes), SpawnFailed> {
         let hw = iface.hw_addr();
         let mtu = iface.mtu() as u32;
         self.watch_retired(&mut iface);
         // Peers learn the new QPN from this announcement and send to the old one until it
         // arrives, into nothing: it goes now, with the receive ring posted, not after the
         // poller thread has started and the carrier is on.
-        iface.announce_once(Instant::now());
+        let t0 = Instant::now();
+        iface.announce_once(t0);
         let start = Instant::now();
+        let announce = start - t0;
         let p = Poller::try_spawn(
             self.s.name.clone(),
             iface,
@@ -509,7 +524,13 @@ impl SupervisorThread {
             st.dead_reason = None;
         }
         self.carrier(true);
-        Ok((p, (spawned, start.elapsed() - spawned)))
+        let times = StartTimes {
+            announce,
+            announced: start,
+            spawn: spawned,
+            carrier: start.elapsed() - spawned,
+        };
+        Ok((p, times))
     }
 
     fn ended(&mut self) -> Ended {
