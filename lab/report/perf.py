@@ -730,9 +730,13 @@ def recovery(a):
     rec = [h["recovery_ms"] for h in hist]
     L.append(f"poll failures injected: {n}; restarts recorded: {len(hist)}")
     for h in hist:
-        L.append(f"  epoch {h['epoch']:>3}  recovery {h['recovery_ms']:8.1f} ms  flushed {h['flushed']:>5}  reaped {h['wr_reaped']:>4}  ledger {'ok' if h['ledger_balanced'] else 'BAD'}")
+        ann = f"  announced {h['announced_ms']:6.1f} ms" if "announced_ms" in h else ""
+        L.append(f"  epoch {h['epoch']:>3}  recovery {h['recovery_ms']:8.1f} ms{ann}  flushed {h['flushed']:>5}  reaped {h['wr_reaped']:>4}  ledger {'ok' if h['ledger_balanced'] else 'BAD'}")
     if rec:
         L.append(f"recovery: median {statistics.median(rec):.1f} ms, worst {max(rec):.1f} ms, best {min(rec):.1f} ms")
+    ann = [h["announced_ms"] for h in hist if "announced_ms" in h]
+    if ann:
+        L.append(f"detection to announcement: median {statistics.median(ann):.1f} ms, worst {max(ann):.1f} ms")
     # Where the time went (ms, per restart, in order); absent from binaries before the phases.
     ph = [h.get("phases") for h in hist]
     if ph and all(ph):
@@ -750,8 +754,13 @@ def recovery(a):
         j = json.load(open(os.path.join(out, "recovery-iperf3-client.json")))
         bps = j["end"]["sum_received"]["bits_per_second"] / 1e6
         zero = sum(1 for i in j["intervals"] if i["sum"]["bytes"] == 0)
-        session = {"exit": crc, "mbit_per_s": bps, "zero_intervals": zero}
+        # The sender's retransmits over the whole session: with no loss but the restarts'
+        # (none otherwise in this lab), what the restarts cost the TCP session.
+        retx = (j["end"].get("sum_sent") or {}).get("retransmits")
+        session = {"exit": crc, "mbit_per_s": bps, "zero_intervals": zero, "retransmits": retx}
         L.append(f"iperf3 TCP session: exit {crc}, {bps:.1f} Mbit/s received, {zero} one-second intervals with no data")
+        if retx is not None and hist:
+            L.append(f"TCP retransmits in the session: {retx} ({retx / len(hist):.0f} per restart)")
         if crc != "0":
             bad.append("the TCP session broke")
     except Exception as e:
