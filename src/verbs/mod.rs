@@ -467,8 +467,9 @@ pub trait Endpoint: Send {
     /// still the endpoint's, so dropping it is always sound).
     fn restart(&mut self) -> Result<(), VerbsError>;
 
-    /// [`Endpoint::restart`], but the replaced QP and its CQs are destroyed before this
-    /// returns instead of being kept aside for their grace. For a QP that may still own
+    /// [`Endpoint::restart`], but the replaced QP is destroyed before this returns instead
+    /// of being kept aside for its grace (its CQs may be: nothing completes into them
+    /// once the QP is gone). For a QP that may still own
     /// buffers: one whose CQ poll failed (its completions cannot be trusted, so nothing
     /// says which receives it has finished with), one that could not be moved to the
     /// error state, or one whose flushes did not all arrive. Only a destroyed QP is

@@ -103,15 +103,16 @@ impl Destroy for Retired {
 }
 
 impl Retired {
-    /// Whether the async event element `ptr` is this QP or one of its CQs.
+    /// Whether the async event element `ptr` is this QP or one of its CQs (a QP destroyed
+    /// at its renewal, whose CQs wait here alone, owns nothing any more).
     fn owns(&self, ptr: *mut c_void) -> bool {
-        [
+        let mine = [
             self.qp.as_ptr().cast::<c_void>(),
             self.recv_cq.as_ptr().cast(),
             self.send_cq.as_ptr().cast(),
-        ]
-        .contains(&ptr)
-            || self.abandoned.iter().any(|cq| cq.as_ptr().cast() == ptr)
+        ];
+        !ptr.is_null()
+            && (mine.contains(&ptr) || self.abandoned.iter().any(|cq| cq.as_ptr().cast() == ptr))
     }
 }
 

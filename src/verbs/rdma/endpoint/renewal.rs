@@ -48,8 +48,8 @@ impl RdmaEndpoint {
     /// `prepare_spare` prepared, if it did.
     /// On any failure before the swap nothing changes; a failed destroy of the old objects is logged, counted and returned (the
     /// object is forgotten, the new ones are in place).
-    /// With `destroy_old`, the old QP and CQs are destroyed here, before returning, instead
-    /// of being retired (see [`Endpoint::restart_destroying_old`]).
+    /// With `destroy_old`, the old QP is destroyed here, before returning, instead of
+    /// being retired (see [`Endpoint::restart_destroying_old`]); its CQs are retired.
     pub(super) fn restart_queues(&mut self, destroy_old: bool) -> Result<(), VerbsError> {
         if let Some(ev) = self.lost {
             return Err(VerbsError::RenewRefused(format!(
@@ -61,7 +61,7 @@ impl RdmaEndpoint {
         }
         // Where the time goes (logged): each step's end, from `t0`.
         let t0 = Instant::now();
-        let mut marks = [0.0f64; 5];
+        let mut marks = [0.0f64; 7];
         let mut mark = |i: usize| marks[i] = t0.elapsed().as_secs_f64() * 1e3;
         // Nothing is destroyed here: the retired queues are the reaper's.
         let mut first: Option<VerbsError> = None;
@@ -146,9 +146,11 @@ impl RdmaEndpoint {
         }
         mark(4);
         if destroy_old {
-            // The old QP may still own slots that are about to be re-posted: it goes now,
-            // QP first (it holds its CQs), then the CQs, never polled. This runs on the
-            // supervisor's thread (a restart), never on the poller's.
+            // The old QP may still own slots that are about to be re-posted: it goes now.
+            // This runs on the supervisor's thread (a restart), never on the poller's.
+            // Its CQs, never polled, are retired for the reaper like any replaced ones:
+            // with the QP gone nothing completes into them, and their destroys (1-10 ms
+            // each restart under load in the lab) leave the restart's critical path.
             let mut old = Retired {
                 qp: old_qp,
                 recv_cq: old_recv,
@@ -156,11 +158,9 @@ impl RdmaEndpoint {
                 abandoned: abandoned_cqs,
             };
             keep(old.qp.close());
-            keep(old.recv_cq.close());
-            keep(old.send_cq.close());
-            for cq in &mut old.abandoned {
-                keep(cq.close());
-            }
+            mark(5);
+            keep(self.retired.retire(Instant::now(), old));
+            mark(6);
         } else {
             // The old QP (in the error state with every WR flushed, in no group, never
             // polled again) and its CQs are destroyed later, by the reaper, once their
@@ -181,10 +181,18 @@ impl RdmaEndpoint {
         let old_qpn = self.attrs.qpn;
         self.attrs.qpn = self.qp.qp_num();
         self.attrs.max_inline = max_inline;
-        let [prev_ms, port_ms, queues_ms, attach_ms, detach_ms] = marks;
+        let [
+            prev_ms,
+            port_ms,
+            queues_ms,
+            attach_ms,
+            detach_ms,
+            qp_destroyed_ms,
+            cqs_destroyed_ms,
+        ] = marks;
         tracing::debug!(
             device = %self.attrs.device, old_qpn, qpn = self.attrs.qpn, spare_used,
-            prev_ms, port_ms, queues_ms, attach_ms, detach_ms,
+            prev_ms, port_ms, queues_ms, attach_ms, detach_ms, qp_destroyed_ms, cqs_destroyed_ms,
             "verbs endpoint renewed: new QP and CQs, context, PD, MR and channel kept \
              (ms since the start of the renewal at the end of each step)"
         );
