@@ -571,11 +571,12 @@ def perf(args):
           f"{fmt(x['packets'], '.0f')}: {where_text(x['where_lost'])}")
     # Where each restart's time went (ms), as `scripts/perf recovery` prints it.
     if any(x["phases"] for x in recs + rus):
-        p("  phases (ms):          " + " ".join(f"{k:>8}" for k in PHASES))
+        cell = lambda ph, k: f"{ph[k + '_ms']:8.1f}" if k + "_ms" in ph else f"{'-':>8}"  # noqa: E731
+        p(f"  {'phases (ms):':<20}" + " ".join(f"{k:>8}" for k in PHASES))
         for r, x, y in zip(rows, rus, recs):
             for what, z in (("TCP", y), ("UDP", x)):
                 if z["phases"]:
-                    p(f"  rep {r['rep']} under {what}     " + " ".join(f"{z['phases'].get(k + '_ms', 0.0):8.1f}" for k in PHASES))
+                    p(f"  {'rep ' + str(r['rep']) + ' under ' + what:<20}" + " ".join(cell(z["phases"], k) for k in PHASES))
 
     for pre in pres:
         n = names[pre]
@@ -741,9 +742,12 @@ def recovery(a):
     ph = [h.get("phases") for h in hist]
     if ph and all(ph):
         L.append("phases (ms): " + " ".join(f"{x:>8}" for x in PHASES) + "      kept")
+        # A phase the binary did not record (older than it) shows as "-".
         for h, p in zip(hist, ph):
-            L.append(f"  epoch {h['epoch']:>3}  " + " ".join(f"{p.get(x + '_ms', 0.0):8.1f}" for x in PHASES) + f"  {'yes' if h.get('kept_device') else 'no':>8}")
-        L.append("  median     " + " ".join(f"{statistics.median(p.get(x + '_ms', 0.0) for p in ph):8.1f}" for x in PHASES))
+            L.append(f"  epoch {h['epoch']:>3}  " + " ".join(f"{p[x + '_ms']:8.1f}" if x + "_ms" in p else f"{'-':>8}" for x in PHASES)
+                     + f"  {'yes' if h.get('kept_device') else 'no':>8}")
+        med = [[p[x + "_ms"] for p in ph if x + "_ms" in p] for x in PHASES]
+        L.append("  median     " + " ".join(f"{statistics.median(m):8.1f}" if m else f"{'-':>8}" for m in med))
     if len(hist) != n:
         bad.append(f"{len(hist)} restarts recorded for {n} faults")
     if not all(h["ledger_balanced"] for h in hist):

@@ -18,6 +18,11 @@
 //! restart storm does not pile up queues without bound: each retired QP and its CQs hold
 //! about a megabyte of kernel memory at the default ring sizes).
 //!
+//! The CQs of a QP destroyed at once (after a failed poll the QP itself cannot wait, see
+//! [`crate::verbs::Endpoint::restart_destroying_old`]) need no grace: nothing completes
+//! into them once their QP is gone. They wait [`CQ_GRACE`] only, so that their destroys
+//! (1-11 ms under load in the lab) fall after the restart rather than inside it.
+//!
 //! A destroy can block (1.2 s measured, above), so it never runs on the poller thread: an
 //! endpoint keeps its retired objects in a [`RetireQueue`], which it hands out as a
 //! [`Reaper`] (see [`crate::verbs::Endpoint::reaper`]); the supervisor's reaper thread
@@ -38,10 +43,14 @@ pub const RETIRE_GRACE: Duration = Duration::from_secs(10);
 /// How many retired QPs may wait at once (see the module docs).
 pub const RETIRED_CAP: usize = 16;
 
-/// Retired objects in the order they were retired, each with its retirement time.
+/// How long the CQs of a QP that was destroyed at once wait (see the module docs).
+pub const CQ_GRACE: Duration = Duration::from_secs(1);
+
+/// Retired objects in the order they are due, each with its retirement time and when it
+/// is due.
 #[derive(Debug)]
 pub struct Retirement<T> {
-    items: VecDeque<(Instant, T)>,
+    items: VecDeque<(Instant, Instant, T)>,
     grace: Duration,
     cap: usize,
 }
@@ -58,42 +67,50 @@ impl<T> Retirement<T> {
         }
     }
 
-    /// Keep `item`, retired at `now`.
+    /// Keep `item`, retired at `now`, due `grace` later.
     pub fn retire(&mut self, now: Instant, item: T) {
-        self.items.push_back((now, item));
+        self.retire_for(now, self.grace, item);
     }
 
-    /// The oldest item that is due at `now`, taken out of the list: retired at least
-    /// `grace` ago, or beyond the cap. `None` when nothing is due.
+    /// Keep `item`, retired at `now`, due `wait` later (instead of the list's grace).
+    pub fn retire_for(&mut self, now: Instant, wait: Duration, item: T) {
+        let due = now + wait;
+        // In due order: behind every item due no later.
+        let at = self.items.partition_point(|(_, d, _)| *d <= due);
+        self.items.insert(at, (now, due, item));
+    }
+
+    /// The item due first, taken out of the list if it is due at `now`, or if more than
+    /// the cap wait. `None` when nothing is due.
     pub fn take_due(&mut self, now: Instant) -> Option<T> {
         let over = self.items.len() > self.cap;
-        let (at, _) = self.items.front()?;
-        if over || now.saturating_duration_since(*at) >= self.grace {
-            self.items.pop_front().map(|(_, t)| t)
+        let (_, due, _) = self.items.front()?;
+        if over || now >= *due {
+            self.items.pop_front().map(|(_, _, t)| t)
         } else {
             None
         }
     }
 
-    /// The oldest item, due or not (a teardown takes them all this way).
+    /// The item due first, due or not (a teardown takes them all this way).
     pub fn take_oldest(&mut self) -> Option<T> {
-        self.items.pop_front().map(|(_, t)| t)
+        self.items.pop_front().map(|(_, _, t)| t)
     }
 
-    /// When the oldest item is due: `grace` after its retirement, or its retirement time
-    /// (that is, now) when more than the cap wait. `None` when none waits.
+    /// When the item due first is due, or its retirement time (that is, now) when more
+    /// than the cap wait. `None` when none waits.
     pub fn next_due(&self) -> Option<Instant> {
-        let (at, _) = self.items.front()?;
+        let (at, due, _) = self.items.front()?;
         if self.items.len() > self.cap {
             Some(*at)
         } else {
-            Some(*at + self.grace)
+            Some(*due)
         }
     }
 
     /// Whether any waiting item satisfies `f`.
     pub fn any(&self, f: impl Fn(&T) -> bool) -> bool {
-        self.items.iter().any(|(_, t)| f(t))
+        self.items.iter().any(|(_, _, t)| f(t))
     }
 
     /// How many wait.
@@ -152,9 +169,22 @@ impl<T: Destroy> RetireQueue<T> {
 
     /// Keep `item`, retired at `now`; after [`RetireQueue::close`] it is destroyed at once.
     pub fn retire(&self, now: Instant, item: T) -> Result<(), VerbsError> {
+        self.retire_with(now, None, item)
+    }
+
+    /// [`RetireQueue::retire`], due `wait` after `now` instead of the grace.
+    pub fn retire_for(&self, now: Instant, wait: Duration, item: T) -> Result<(), VerbsError> {
+        self.retire_with(now, Some(wait), item)
+    }
+
+    fn retire_with(&self, now: Instant, wait: Option<Duration>, item: T) -> Result<(), VerbsError> {
         let open = self.open.read().unwrap_or_else(PoisonError::into_inner);
         if *open {
-            self.list().retire(now, item);
+            let mut list = self.list();
+            match wait {
+                Some(w) => list.retire_for(now, w, item),
+                None => list.retire(now, item),
+            }
             Ok(())
         } else {
             drop(open);
@@ -352,6 +382,27 @@ mod tests {
         assert_eq!(r.take_oldest(), Some(2));
         assert_eq!(r.take_oldest(), None);
         assert!(r.is_empty());
+    }
+
+    #[test]
+    fn an_item_retired_for_less_than_the_grace_is_due_first_in_its_own_time() {
+        let t0 = Instant::now();
+        let mut r = Retirement::new(Duration::from_secs(10), 4);
+        r.retire(t0, 1u32);
+        // Retired later, due sooner: it goes ahead of the first, and the first keeps its
+        // grace.
+        r.retire_for(t0 + Duration::from_secs(2), Duration::from_secs(1), 2);
+        assert_eq!(r.next_due(), Some(t0 + Duration::from_secs(3)));
+        assert_eq!(r.take_due(t0 + Duration::from_millis(2_999)), None);
+        assert_eq!(r.take_due(t0 + Duration::from_secs(3)), Some(2));
+        assert_eq!(r.take_due(t0 + Duration::from_secs(3)), None);
+        assert_eq!(r.next_due(), Some(t0 + Duration::from_secs(10)));
+        assert_eq!(r.take_due(t0 + Duration::from_secs(10)), Some(1));
+        // Equal due times keep their order of retirement.
+        r.retire_for(t0, Duration::from_secs(1), 3);
+        r.retire_for(t0, Duration::from_secs(1), 4);
+        assert_eq!(r.take_oldest(), Some(3));
+        assert_eq!(r.take_oldest(), Some(4));
     }
 
     #[test]

@@ -14,6 +14,7 @@ use super::open::grh_kind;
 use super::{Queues, RdmaEndpoint, Retired, raw_gid};
 #[cfg(doc)]
 use crate::verbs::Endpoint;
+use crate::verbs::retire;
 use crate::verbs::{CqKind, Gid, VerbsError};
 
 impl RdmaEndpoint {
@@ -148,9 +149,10 @@ impl RdmaEndpoint {
         if destroy_old {
             // The old QP may still own slots that are about to be re-posted: it goes now.
             // This runs on the supervisor's thread (a restart), never on the poller's.
-            // Its CQs, never polled, are retired for the reaper like any replaced ones:
-            // with the QP gone nothing completes into them, and their destroys (1-10 ms
-            // each restart under load in the lab) leave the restart's critical path.
+            // Its CQs, never polled, go to the reaper, due shortly after the restart
+            // (`retire::CQ_GRACE`): with the QP gone nothing completes into them, and
+            // their destroys (1-11 ms each restart under load in the lab) leave the
+            // restart's critical path.
             let mut old = Retired {
                 qp: old_qp,
                 recv_cq: old_recv,
@@ -159,7 +161,10 @@ impl RdmaEndpoint {
             };
             keep(old.qp.close());
             mark(5);
-            keep(self.retired.retire(Instant::now(), old));
+            keep(
+                self.retired
+                    .retire_for(Instant::now(), retire::CQ_GRACE, old),
+            );
             mark(6);
         } else {
             // The old QP (in the error state with every WR flushed, in no group, never
@@ -181,6 +186,8 @@ impl RdmaEndpoint {
         let old_qpn = self.attrs.qpn;
         self.attrs.qpn = self.qp.qp_num();
         self.attrs.max_inline = max_inline;
+        // (The last two only when the old QP is destroyed here: its destroy, then its CQs
+        // handed to the reaper.)
         let [
             prev_ms,
             port_ms,
@@ -188,11 +195,11 @@ impl RdmaEndpoint {
             attach_ms,
             detach_ms,
             qp_destroyed_ms,
-            cqs_destroyed_ms,
+            cqs_retired_ms,
         ] = marks;
         tracing::debug!(
             device = %self.attrs.device, old_qpn, qpn = self.attrs.qpn, spare_used,
-            prev_ms, port_ms, queues_ms, attach_ms, detach_ms, qp_destroyed_ms, cqs_destroyed_ms,
+            prev_ms, port_ms, queues_ms, attach_ms, detach_ms, qp_destroyed_ms, cqs_retired_ms,
             "verbs endpoint renewed: new QP and CQs, context, PD, MR and channel kept \
              (ms since the start of the renewal at the end of each step)"
         );
