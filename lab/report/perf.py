@@ -571,12 +571,11 @@ def perf(args):
           f"{fmt(x['packets'], '.0f')}: {where_text(x['where_lost'])}")
     # Where each restart's time went (ms), as `scripts/perf recovery` prints it.
     if any(x["phases"] for x in recs + rus):
-        cell = lambda ph, k: f"{ph[k + '_ms']:8.1f}" if k + "_ms" in ph else f"{'-':>8}"  # noqa: E731
         p(f"  {'phases (ms):':<20}" + " ".join(f"{k:>8}" for k in PHASES))
         for r, x, y in zip(rows, rus, recs):
             for what, z in (("TCP", y), ("UDP", x)):
                 if z["phases"]:
-                    p(f"  {'rep ' + str(r['rep']) + ' under ' + what:<20}" + " ".join(cell(z["phases"], k) for k in PHASES))
+                    p(f"  {'rep ' + str(r['rep']) + ' under ' + what:<20}" + " ".join(phase_cell(z["phases"], k) for k in PHASES))
 
     for pre in pres:
         n = names[pre]
@@ -718,6 +717,12 @@ def perf_host(a):
 PHASES = ["handoff", "drain", "destroy", "renew", "reap", "open", "ah", "attach", "fill", "start", "announce", "spawn", "carrier"]
 
 
+def phase_cell(phases, k):
+    """One restart's phase `k` in ms, 8 wide; "-" where the binary did not record it
+    (older than the phase)."""
+    return f"{phases[k + '_ms']:8.1f}" if k + "_ms" in phases else f"{'-':>8}"
+
+
 def recovery(a):
     out, n = a.out, a.faults
     L = []
@@ -742,9 +747,8 @@ def recovery(a):
     ph = [h.get("phases") for h in hist]
     if ph and all(ph):
         L.append("phases (ms): " + " ".join(f"{x:>8}" for x in PHASES) + "      kept")
-        # A phase the binary did not record (older than it) shows as "-".
         for h, p in zip(hist, ph):
-            L.append(f"  epoch {h['epoch']:>3}  " + " ".join(f"{p[x + '_ms']:8.1f}" if x + "_ms" in p else f"{'-':>8}" for x in PHASES)
+            L.append(f"  epoch {h['epoch']:>3}  " + " ".join(phase_cell(p, x) for x in PHASES)
                      + f"  {'yes' if h.get('kept_device') else 'no':>8}")
         med = [[p[x + "_ms"] for p in ph if x + "_ms" in p] for x in PHASES]
         L.append("  median     " + " ".join(f"{statistics.median(m):8.1f}" if m else f"{'-':>8}" for m in med))

@@ -30,15 +30,6 @@ fn unix_ms() -> u64 {
 /// A close came while the restart waited.
 struct Stop;
 
-/// What starting an epoch took: the announcement's post (and when it was done), the
-/// poller's start, the carrier.
-struct StartTimes {
-    announce: Duration,
-    announced: Instant,
-    spawn: Duration,
-    carrier: Duration,
-}
-
 /// The state of one supervisor's thread.
 pub(super) struct SupervisorThread {
     s: Supervised,
@@ -396,14 +387,9 @@ impl SupervisorThread {
             }
         }
         match self.start_poller(iface, epoch) {
-            Ok((p, t)) => {
+            Ok((p, started)) => {
                 self.poller = Some(p);
-                Event::PollerStarted {
-                    announce: t.announce,
-                    announced: t.announced,
-                    spawn: t.spawn,
-                    carrier: t.carrier,
-                }
+                started
             }
             Err(f) => {
                 self.last_error = f.error.to_string();
@@ -492,12 +478,13 @@ impl SupervisorThread {
     }
 
     /// Announce the new QPN, start a poller on `iface` (epoch `epoch`) and turn the
-    /// carrier on; with what each took. On failure the interface comes back.
+    /// carrier on; with what each took, as [`Event::PollerStarted`]. On failure the
+    /// interface comes back.
     fn start_poller(
         &mut self,
         mut iface: Interface,
         epoch: u16,
-    ) -> Result<(Poller, StartTimes), SpawnFailed> {
+    ) -> Result<(Poller, Event), SpawnFailed> {
         let hw = iface.hw_addr();
         let mtu = iface.mtu() as u32;
         self.watch_retired(&mut iface);
@@ -524,13 +511,13 @@ impl SupervisorThread {
             st.dead_reason = None;
         }
         self.carrier(true);
-        let times = StartTimes {
+        let started = Event::PollerStarted {
             announce,
             announced: start,
             spawn: spawned,
             carrier: start.elapsed() - spawned,
         };
-        Ok((p, times))
+        Ok((p, started))
     }
 
     fn ended(&mut self) -> Ended {
