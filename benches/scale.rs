@@ -138,6 +138,7 @@ fn config(i: usize, recv: u32, send: u32) -> IfaceConfig {
             recv_slots: recv,
             send_slots: send,
             max_payload: None,
+            banks: 1,
         },
         neigh_capacity: 4096,
         neigh_max_age: Duration::from_secs(3600),

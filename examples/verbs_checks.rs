@@ -68,6 +68,7 @@ fn cfg(device: &str) -> EndpointConfig {
         recv_slots: 8,
         send_slots: 8,
         max_payload: None,
+        banks: 1,
     }
 }
 

@@ -153,6 +153,11 @@ struct TuneArgs {
     /// TAP checksum and TCP segmentation offload: true or false (default true).
     #[arg(long, value_name = "BOOL")]
     tap_offload: Option<bool>,
+    /// A second bank of receive and send slots, so that a restart after a failed poll
+    /// posts the new ring and announces it before the failed QP is destroyed (doubles
+    /// the registered memory): true or false (default true).
+    #[arg(long, value_name = "BOOL")]
+    spare_bank: Option<bool>,
 }
 
 #[derive(Args)]
@@ -753,6 +758,7 @@ impl TuneArgs {
             qkey: self.qkey,
             group: self.group.clone(),
             tap_offload: self.tap_offload,
+            spare_bank: self.spare_bank,
             ..Default::default()
         }
         .or(f)
@@ -809,6 +815,7 @@ fn flag_keys(a: &UpArgs) -> Vec<&'static str> {
         ("qkey", t.qkey.is_some()),
         ("group", t.group.is_some()),
         ("tap-offload", t.tap_offload.is_some()),
+        ("spare-bank", t.spare_bank.is_some()),
     ]
     .into_iter()
     .filter_map(|(k, set)| set.then_some(k))

@@ -214,6 +214,7 @@ fn wire_garbage_from_a_peer_is_counted_never_forwarded() {
             recv_slots: 4,
             send_slots: 16,
             max_payload: None,
+            banks: 1,
         })
         .unwrap();
     let group = uipoib::verbs::Gid::from_ipv4(uipoib::runtime::config::DEFAULT_GROUP);

@@ -110,7 +110,12 @@ fn a_failed_poll_is_never_followed_by_a_poll_through_the_whole_restart() {
     for r in &s.history {
         assert_eq!(r.cause, "poll-failed");
         assert!(r.ledger_balanced, "{r:?}");
+        // The failed QP's ring (64 receives) was reaped after the new epoch ran.
+        if r.kept_device {
+            assert!(r.deferred_reap && r.wr_reaped >= 64, "{r:?}");
+        }
     }
+    assert!(s.history.iter().any(|r| r.deferred_reap), "{:?}", s.history);
     // Cleared, the operator revives it and traffic flows again.
     switch.clear();
     a.sup().restart();
@@ -148,6 +153,83 @@ fn the_teardown_after_a_failed_poll_does_not_drain_and_reaps_everything() {
         "nothing of the failed CQ delivered"
     );
     assert!(kept.is_some());
+}
+
+#[test]
+fn with_a_spare_bank_the_failed_qps_slots_are_reaped_after_the_next_epoch_opens_on_the_other() {
+    let sim = Arc::new(fabric(4096));
+    let faulty = FaultyProvider::new(sim.clone());
+    let switch = faulty.switch();
+    let mut p = common::params("sim0", "198.18.2.1/24", 16, 8);
+    p.endpoint.banks = 2;
+    let stats = Arc::new(uipoib::iface::stats::Stats::default());
+    let mut a = Interface::open(&faulty, &p, stats.clone(), 1, &mut None).unwrap();
+    let mut b = open(sim.as_ref(), "sim1", "198.18.2.2/24", 16, 8);
+    let (ta, tb) = (FakeTap::default(), FakeTap::default());
+    introduce(&mut a, &ta, &mut b, &tb, A_IP, B_IP);
+    for (epoch, bank) in [(2u16, 1u32), (3, 0), (4, 1)] {
+        assert_eq!(
+            a.bank(),
+            1 - bank,
+            "epoch {} runs on the other bank",
+            epoch - 1
+        );
+        switch.arm_poll_error(-5);
+        assert!(a.poll_rx(&ta, Instant::now()).is_err());
+        switch.clear();
+        let failed_qpn = a.hw_addr().qpn;
+        let reaped_before = stats.snapshot().recv_reaped;
+        a.allow_deferred_reap(true);
+        let (t, n, kept) = a.close_keeping(FLUSH_DEADLINE, &ta);
+        let mut neigh = Some(n);
+        assert_eq!(switch.polls_after_failure(), 0, "the failed CQ was polled");
+        assert!(t.deferred && t.kept, "{t:?}");
+        assert_eq!(t.reaped, 0, "nothing reaped before the failed QP is gone");
+        let mut kept = kept.expect("the endpoint is kept");
+        let pending = kept
+            .take_pending()
+            .expect("the failed QP's bank is pending");
+        assert!(
+            !sim.destroyed().iter().any(|d| d.qpn == failed_qpn),
+            "the failed QP was destroyed before the next epoch opened"
+        );
+        // The next epoch posts its whole ring from the other bank while the failed QP
+        // still exists.
+        let next = Interface::open_on(kept, &p, stats.clone(), epoch, &mut neigh).unwrap();
+        assert_eq!(next.bank(), bank);
+        assert_eq!(
+            next.ledger()
+                .totals(uipoib::iface::ledger::Ring::Recv)
+                .outstanding,
+            16
+        );
+        // Then the failed QP goes (on this thread: the test is the reaper) and its bank
+        // is reaped: the 16 receives it held, the ledger balanced.
+        let r = pending
+            .reap(Duration::from_secs(5))
+            .unwrap_or_else(|_| panic!("not gone"));
+        assert_eq!((r.reaped, r.sends_reaped), (16, 0));
+        r.ledger.unwrap();
+        assert_eq!(stats.snapshot().recv_reaped - reaped_before, 16);
+        let gone = sim.destroyed();
+        let d = gone
+            .iter()
+            .find(|d| d.qpn == failed_qpn)
+            .expect("the failed QP destroyed");
+        assert_eq!(d.thread.as_deref(), std::thread::current().name());
+        a = next;
+    }
+    // The last epoch carries traffic on bank 1, its completions accepted by its ledger.
+    let mut g = TxGate::new();
+    tb.inject(common::arp_request(b.mac(), B_IP, A_IP));
+    b.tx_from_tap(&tb, &mut g, Instant::now()).unwrap();
+    while a.poll_rx(&ta, Instant::now()).unwrap() > 0 {}
+    assert!(
+        ta.take_written().iter().any(|f| f.len() >= 42),
+        "nothing delivered on the new bank"
+    );
+    assert_eq!(a.ledger().rejected(), 0);
+    a.ledger().check().unwrap();
 }
 
 #[test]
@@ -249,6 +331,7 @@ impl Rogue {
                 recv_slots: 4,
                 send_slots: 4,
                 max_payload: None,
+                banks: 1,
             })
             .unwrap();
         let ah = ep.create_ah(&to).unwrap();

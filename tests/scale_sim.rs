@@ -121,6 +121,7 @@ fn config(i: usize, neigh_capacity: u32, send_slots: u32) -> IfaceConfig {
             recv_slots: RECV_SLOTS,
             send_slots,
             max_payload: None,
+            banks: 1,
         },
         neigh_capacity,
         neigh_max_age: Duration::from_secs(300),

@@ -34,6 +34,7 @@ fn no_allocation_per_packet_after_warm_up() {
         recv_slots: RING,
         send_slots: RING,
         max_payload: None,
+        banks: 1,
     };
     let mut a = f.open(&cfg("a")).unwrap();
     let mut b = f.open(&cfg("b")).unwrap();

@@ -138,6 +138,7 @@ pub fn params(device: &str, addr: Ipv4Addr) -> IfaceConfig {
             recv_slots: DEFAULT_RECV_RING,
             send_slots: DEFAULT_SEND_RING,
             max_payload: None,
+            banks: 1,
         },
         neigh_capacity: 64,
         neigh_max_age: Duration::from_secs(300),

@@ -30,6 +30,7 @@ impl Device {
             recv_slots: slots,
             send_slots: slots,
             max_payload: None,
+            banks: 1,
         }
     }
 }

@@ -137,6 +137,7 @@ fn params(device: &str, addr: Ipv4Addr, m: u8, tx_batch: u32) -> IfaceConfig {
             recv_slots: RECV_SLOTS,
             send_slots: SEND_SLOTS,
             max_payload: None,
+            banks: 1,
         },
         neigh_capacity: 16,
         neigh_max_age: Duration::from_secs(300),
@@ -450,6 +451,7 @@ impl RxWorld {
                 recv_slots: 1,
                 send_slots: 1,
                 max_payload: None,
+                banks: 1,
             })
             .expect("the raw endpoint");
         let ah =

@@ -571,7 +571,7 @@ def perf(args):
           f"{fmt(x['packets'], '.0f')}: {where_text(x['where_lost'])}")
     # Where each restart's time went (ms), as `scripts/perf recovery` prints it.
     if any(x["phases"] for x in recs + rus):
-        p(f"  {'phases (ms):':<20}" + " ".join(f"{k:>8}" for k in PHASES))
+        p(f"  {'phases (ms):':<20}" + " ".join(f"{phase_name(k):>8}" for k in PHASES))
         for r, x, y in zip(rows, rus, recs):
             for what, z in (("TCP", y), ("UDP", x)):
                 if z["phases"]:
@@ -714,7 +714,14 @@ def perf_host(a):
 
 # ---- recovery: scripts/perf recovery ------------------------------------------------------------
 
-PHASES = ["handoff", "drain", "destroy", "renew", "reap", "open", "ah", "attach", "fill", "start", "announce", "spawn", "carrier"]
+PHASES = ["handoff", "drain", "destroy", "renew", "reap", "open", "ah", "attach", "fill", "start", "announce", "spawn", "carrier",
+          "bank_reap"]
+
+
+def phase_name(k):
+    """A phase's column heading, 8 wide at most (`bank_reap`: after the recovery, the failed QP's
+    destroy and its bank's reap when a spare bank deferred them)."""
+    return {"bank_reap": "bankreap"}.get(k, k)
 
 
 def phase_cell(phases, k):
@@ -737,7 +744,8 @@ def recovery(a):
     L.append(f"poll failures injected: {n}; restarts recorded: {len(hist)}")
     for h in hist:
         ann = f"  announced {h['announced_ms']:6.1f} ms" if "announced_ms" in h else ""
-        L.append(f"  epoch {h['epoch']:>3}  recovery {h['recovery_ms']:8.1f} ms{ann}  flushed {h['flushed']:>5}  reaped {h['wr_reaped']:>4}  ledger {'ok' if h['ledger_balanced'] else 'BAD'}")
+        late = " after the new epoch ran" if h.get("deferred_reap") else ""
+        L.append(f"  epoch {h['epoch']:>3}  recovery {h['recovery_ms']:8.1f} ms{ann}  flushed {h['flushed']:>5}  reaped {h['wr_reaped']:>4}{late}  ledger {'ok' if h['ledger_balanced'] else 'BAD'}")
     if rec:
         L.append(f"recovery: median {statistics.median(rec):.1f} ms, worst {max(rec):.1f} ms, best {min(rec):.1f} ms")
     ann = [h["announced_ms"] for h in hist if "announced_ms" in h]
@@ -746,7 +754,7 @@ def recovery(a):
     # Where the time went (ms, per restart, in order); absent from binaries before the phases.
     ph = [h.get("phases") for h in hist]
     if ph and all(ph):
-        L.append("phases (ms): " + " ".join(f"{x:>8}" for x in PHASES) + "      kept")
+        L.append("phases (ms): " + " ".join(f"{phase_name(x):>8}" for x in PHASES) + "      kept")
         for h, p in zip(hist, ph):
             L.append(f"  epoch {h['epoch']:>3}  " + " ".join(phase_cell(p, x) for x in PHASES)
                      + f"  {'yes' if h.get('kept_device') else 'no':>8}")

@@ -116,6 +116,9 @@ impl RingTotals {
 }
 
 struct SlotRing {
+    /// The number of its first slot (a bank of slots starts there; slot numbers are the
+    /// endpoint's, indexes into the vectors below are `slot - base`).
+    base: u32,
     state: Vec<SlotState>,
     /// Per slot: bumped at every reservation, carried in the WR id.
     generation: Vec<u16>,
@@ -130,8 +133,9 @@ struct SlotRing {
 }
 
 impl SlotRing {
-    fn new(n: u32) -> Self {
+    fn new(base: u32, n: u32) -> Self {
         SlotRing {
+            base,
             state: vec![SlotState::Free; n as usize],
             generation: vec![0; n as usize],
             posted_seq: vec![0; n as usize],
@@ -143,26 +147,43 @@ impl SlotRing {
         }
     }
 
+    /// The index of slot number `slot`, if it is one of this ring's.
+    fn index(&self, slot: u32) -> Option<usize> {
+        let i = slot.checked_sub(self.base)? as usize;
+        (i < self.state.len()).then_some(i)
+    }
+
+    /// The generation of slot number `slot` (0 for a slot not of this ring).
+    fn generation_of(&self, slot: u32) -> u16 {
+        self.index(slot).map_or(0, |i| self.generation[i])
+    }
+
+    /// A free slot's number, reserved.
     fn reserve(&mut self) -> Option<u32> {
-        let s = self.free.pop()?;
-        self.state[s as usize] = SlotState::Reserved;
-        let g = &mut self.generation[s as usize];
+        let i = self.free.pop()?;
+        self.state[i as usize] = SlotState::Reserved;
+        let g = &mut self.generation[i as usize];
         *g = g.wrapping_add(1) & GEN_MASK;
-        Some(s)
+        Some(self.base + i)
     }
 
     fn release(&mut self, slot: u32) {
-        if self.state.get(slot as usize) == Some(&SlotState::Reserved) {
-            self.state[slot as usize] = SlotState::Free;
-            self.free.push(slot);
+        if let Some(i) = self.index(slot)
+            && self.state[i] == SlotState::Reserved
+        {
+            self.state[i] = SlotState::Free;
+            self.free.push(i as u32);
         }
     }
 
     fn commit(&mut self, slot: u32) -> bool {
-        match self.state.get_mut(slot as usize) {
-            Some(st @ SlotState::Reserved) => {
+        let Some(i) = self.index(slot) else {
+            return false;
+        };
+        match &mut self.state[i] {
+            st @ SlotState::Reserved => {
                 *st = SlotState::Posted;
-                self.posted_seq[slot as usize] = self.next_seq;
+                self.posted_seq[i] = self.next_seq;
                 self.next_seq += 1;
                 self.totals.posted += 1;
                 self.totals.outstanding += 1;
@@ -173,11 +194,14 @@ impl SlotRing {
     }
 
     fn finish(&mut self, slot: u32, flushed: bool) -> bool {
-        match self.state.get_mut(slot as usize) {
-            Some(st @ SlotState::Posted) => {
+        let Some(i) = self.index(slot) else {
+            return false;
+        };
+        match &mut self.state[i] {
+            st @ SlotState::Posted => {
                 *st = SlotState::Free;
-                self.free.push(slot);
-                self.done_seq = self.done_seq.max(self.posted_seq[slot as usize]);
+                self.free.push(i as u32);
+                self.done_seq = self.done_seq.max(self.posted_seq[i]);
                 self.totals.outstanding -= 1;
                 if flushed {
                     self.totals.flushed += 1;
@@ -253,10 +277,18 @@ pub struct Ledger {
 impl Ledger {
     /// A ledger for rings of these sizes, every slot free.
     pub fn new(epoch: u16, recv_slots: u32, send_slots: u32) -> Self {
+        Self::in_bank(epoch, recv_slots, send_slots, 0)
+    }
+
+    /// A ledger for rings of these sizes on bank `bank` of the endpoint's slots (see
+    /// [`crate::verbs::EndpointAttrs::banks`]): its receive slots are numbered from
+    /// `bank * recv_slots`, its send slots from `bank * send_slots`. A completion naming
+    /// a slot of another bank is rejected as an unknown id.
+    pub fn in_bank(epoch: u16, recv_slots: u32, send_slots: u32, bank: u32) -> Self {
         Ledger {
             epoch,
-            recv: SlotRing::new(recv_slots),
-            send: SlotRing::new(send_slots),
+            recv: SlotRing::new(bank.saturating_mul(recv_slots), recv_slots),
+            send: SlotRing::new(bank.saturating_mul(send_slots), send_slots),
             send_meta: vec![SendMeta::default(); send_slots as usize],
             rejected: 0,
         }
@@ -306,7 +338,7 @@ impl Ledger {
             ring,
             epoch: self.epoch,
             slot,
-            generation: r.generation.get(slot as usize).copied().unwrap_or(0),
+            generation: r.generation_of(slot),
         }
         .encode()
     }
@@ -319,8 +351,10 @@ impl Ledger {
 
     /// Record that a reserved send slot was posted carrying `meta`.
     pub fn posted_send(&mut self, slot: u32, meta: SendMeta) {
-        if self.send.commit(slot) {
-            self.send_meta[slot as usize] = meta;
+        if self.send.commit(slot)
+            && let Some(i) = self.send.index(slot)
+        {
+            self.send_meta[i] = meta;
         } else {
             debug_assert!(false, "send slot {slot} was not reserved");
         }
@@ -367,10 +401,10 @@ impl Ledger {
             Ring::Recv => &mut self.recv,
             Ring::Send => &mut self.send,
         };
-        if id.slot as usize >= ring.state.len() {
+        let Some(index) = ring.index(id.slot) else {
             return Err(Rejected::UnknownId(wr_id));
-        }
-        let now = ring.generation[id.slot as usize];
+        };
+        let now = ring.generation[index];
         if id.generation != now {
             return Err(Rejected::StaleGeneration {
                 slot: id.slot,
@@ -381,8 +415,7 @@ impl Ledger {
         if !ring.finish(id.slot, flushed) {
             return Err(Rejected::NotPosted(id.slot));
         }
-        let send =
-            (id.ring == Ring::Send).then(|| std::mem::take(&mut self.send_meta[id.slot as usize]));
+        let send = (id.ring == Ring::Send).then(|| std::mem::take(&mut self.send_meta[index]));
         Ok(Accepted { id, send })
     }
 
@@ -505,6 +538,60 @@ mod tests {
         assert_eq!(l.behind(Ring::Recv), 0);
         assert_eq!(l.behind(Ring::Send), 0);
         l.check().unwrap();
+    }
+
+    #[test]
+    fn a_ledger_on_the_second_bank_numbers_its_slots_after_the_first() {
+        let mut l = Ledger::in_bank(3, 4, 2, 1);
+        let mut recvs: Vec<u32> = std::iter::from_fn(|| l.reserve_recv()).collect();
+        recvs.sort_unstable();
+        assert_eq!(recvs, [4, 5, 6, 7], "receive slots of bank 1 of rings of 4");
+        let sends: Vec<u32> = std::iter::from_fn(|| l.reserve_send()).collect();
+        assert_eq!(sends, [2, 3], "send slots of bank 1 of rings of 2");
+        for &s in &recvs {
+            l.posted_recv(s);
+        }
+        l.posted_send(
+            3,
+            SendMeta {
+                bytes: 9,
+                ..SendMeta::default()
+            },
+        );
+        l.release(Ring::Send, 2);
+        // A completion naming the same slot index of bank 0 is not this ledger's.
+        let other_bank = WrId {
+            ring: Ring::Recv,
+            epoch: 3,
+            slot: 0,
+            generation: 1,
+        }
+        .encode();
+        assert_eq!(
+            l.complete(Ring::Recv, other_bank, WcStatus::Success),
+            Err(Rejected::UnknownId(other_bank))
+        );
+        let id = l.wr_id(Ring::Recv, 6);
+        assert_eq!(WrId::decode(id).slot, 6);
+        assert!(l.complete(Ring::Recv, id, WcStatus::Success).is_ok());
+        let send = l.wr_id(Ring::Send, 3);
+        let done = l.complete(Ring::Send, send, WcStatus::Success).unwrap();
+        assert_eq!(
+            done.send.map(|m| m.bytes),
+            Some(9),
+            "the send's own metadata"
+        );
+        assert_eq!(
+            l.reserve_recv(),
+            Some(6),
+            "the completed slot is free again"
+        );
+        l.release(Ring::Recv, 6);
+        assert_eq!(l.reap_all().len(), 0, "no send outstanding");
+        assert_eq!(l.totals(Ring::Recv).reaped, 3);
+        l.check().unwrap();
+        assert_eq!(l.free_recv(), 4);
+        assert_eq!(l.rejected(), 1);
     }
 
     #[test]

@@ -186,6 +186,10 @@ pub struct EndpointConfig {
     /// Cap on the UD payload in bytes; `None` uses the port's active MTU. Must not exceed
     /// it.
     pub max_payload: Option<u32>,
+    /// Banks of slots in the registered memory, 1 or 2, each `recv_slots` receive and
+    /// `send_slots` send slots: with two, a renewal after a failed poll can hand the new
+    /// QP the bank the failed one never had ([`Endpoint::restart_deferring_old`]).
+    pub banks: u32,
 }
 
 /// What an opened endpoint is.
@@ -214,6 +218,11 @@ pub struct EndpointAttrs {
     pub send_slots: u32,
     /// Largest send the device can inline (0 if none).
     pub max_inline: u32,
+    /// Banks of slots (see [`EndpointConfig::banks`]): receive slot numbers run up to
+    /// `banks * recv_slots`, send slot numbers up to `banks * send_slots`; bank `b`
+    /// holds the `b`-th run of each. A QP still has `recv_slots` receives and
+    /// `send_slots` signalled sends at most outstanding.
+    pub banks: u32,
 }
 
 /// Bytes of room in front of every send slot ([`Endpoint::send_room`]).
@@ -477,6 +486,21 @@ pub trait Endpoint: Send {
     /// the swap (a failed destroy) leaves the new QP in place; the caller then drops the
     /// endpoint, as after any failed renewal, so the slot memory goes with it.
     fn restart_destroying_old(&mut self) -> Result<(), VerbsError>;
+
+    /// [`Endpoint::restart_destroying_old`], except that the replaced QP is not destroyed
+    /// before this returns: it is retired with its CQs ([`Endpoint::reaper`]) for the
+    /// caller to destroy on its own thread when it chooses ([`retire::Reaper::reap_awaited`];
+    /// the reaper destroys it after [`retire::CQ_GRACE`] if the caller has not), and the
+    /// returned [`retire::Gone`] says when it is gone. Until then it
+    /// may still write into any receive slot posted on it, so the caller posts the new
+    /// QP's work requests from another bank of slots (see [`EndpointAttrs::banks`]) and
+    /// re-posts none of the old QP's before that. For a restart after a failed poll whose
+    /// new ring and announcement should not wait for the old QP's destroy. The default
+    /// destroys it at once, as [`Endpoint::restart_destroying_old`], and says so.
+    fn restart_deferring_old(&mut self) -> Result<retire::Gone, VerbsError> {
+        self.restart_destroying_old()?;
+        Ok(retire::Gone::already())
+    }
 
     /// Replace one CQ and keep the QP and everything posted on it: a new CQ of the same
     /// depth on the same channel is polled and armed from now on, and the old one is

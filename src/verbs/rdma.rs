@@ -98,6 +98,7 @@ mod tests {
             recv_slots: 8,
             send_slots: 8,
             max_payload: None,
+            banks: 1,
         }
     }
 

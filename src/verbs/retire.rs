@@ -32,6 +32,7 @@
 //! ([`wait_out_grace`]); a device loss cannot wait.
 
 use std::collections::VecDeque;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
@@ -92,6 +93,12 @@ impl<T> Retirement<T> {
         }
     }
 
+    /// The first item that satisfies `f`, due or not.
+    pub fn take_first(&mut self, f: impl Fn(&T) -> bool) -> Option<T> {
+        let at = self.items.iter().position(|(_, _, t)| f(t))?;
+        self.items.remove(at).map(|(_, _, t)| t)
+    }
+
     /// The item due first, due or not (a teardown takes them all this way).
     pub fn take_oldest(&mut self) -> Option<T> {
         self.items.pop_front().map(|(_, _, t)| t)
@@ -128,6 +135,12 @@ impl<T> Retirement<T> {
 pub trait Destroy: Send {
     /// Destroy it. A failure is logged and counted by the provider, and returned.
     fn destroy(self) -> Result<(), VerbsError>;
+
+    /// Whether someone waits for it to go (it holds a [`GoneSignal`]):
+    /// [`Reaper::reap_awaited`] destroys it before it is due.
+    fn awaited(&self) -> bool {
+        false
+    }
 }
 
 /// Destroys, on whatever thread calls it, what an endpoint's endpoint_restarts retired, once due.
@@ -139,6 +152,11 @@ pub trait Reaper: Send + Sync {
     /// When the next retired object is due; `None` when none waits or the endpoint is
     /// closed.
     fn next_due(&self) -> Option<Instant>;
+
+    /// Destroy, due or not, every retired object someone waits for ([`Destroy::awaited`]):
+    /// the caller that holds its [`Gone`] does it on its own thread when it chooses, instead
+    /// of waiting for the reaper's. How many were destroyed.
+    fn reap_awaited(&self) -> usize;
 }
 
 /// Retired objects shared between their endpoint (which retires them and, at its
@@ -243,12 +261,63 @@ impl<T: Destroy> Reaper for RetireQueue<T> {
         n
     }
 
+    fn reap_awaited(&self) -> usize {
+        let open = self.open.read().unwrap_or_else(PoisonError::into_inner);
+        if !*open {
+            return 0;
+        }
+        let mut n = 0;
+        loop {
+            let next = self.list().take_first(T::awaited);
+            let Some(item) = next else { break };
+            // Logged and counted by the provider.
+            let _ = item.destroy();
+            n += 1;
+        }
+        drop(open);
+        n
+    }
+
     fn next_due(&self) -> Option<Instant> {
         let open = self.open.read().unwrap_or_else(PoisonError::into_inner);
         if !*open {
             return None;
         }
         self.list().next_due()
+    }
+}
+
+/// The caller's side of [`gone_pair`]: says when a retired object is gone (destroyed,
+/// or forgotten after a failed destroy: either way the device no longer uses it).
+#[derive(Debug)]
+pub struct Gone(Receiver<()>);
+
+/// The object's side of [`gone_pair`]: kept inside the retired object and dropped the
+/// moment it is gone.
+#[derive(Debug)]
+pub struct GoneSignal {
+    _tx: SyncSender<()>,
+}
+
+/// A pair that tells the holder of the [`Gone`] when the object holding the
+/// [`GoneSignal`] has dropped it.
+pub fn gone_pair() -> (GoneSignal, Gone) {
+    let (tx, rx) = sync_channel(0);
+    (GoneSignal { _tx: tx }, Gone(rx))
+}
+
+impl Gone {
+    /// One that is gone already (for a provider that destroyed the object at once).
+    pub fn already() -> Gone {
+        gone_pair().1
+    }
+
+    /// Wait at most `bound` for the object to be gone; whether it is.
+    pub fn wait(&self, bound: Duration) -> bool {
+        matches!(
+            self.0.recv_timeout(bound),
+            Err(RecvTimeoutError::Disconnected)
+        )
     }
 }
 
@@ -413,5 +482,57 @@ mod tests {
         assert_eq!(r.take_due(t0), None);
         r.retire(t0, 'b');
         assert_eq!(r.take_due(t0), Some('a'));
+    }
+
+    #[test]
+    fn gone_says_when_the_signal_is_dropped_and_not_before() {
+        let (signal, gone) = gone_pair();
+        assert!(
+            !gone.wait(Duration::from_millis(20)),
+            "gone while still held"
+        );
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            drop(signal);
+        });
+        assert!(gone.wait(Duration::from_secs(10)));
+        t.join().unwrap();
+        assert!(Gone::already().wait(Duration::ZERO));
+    }
+
+    /// Destroyed on `reap_awaited` when it holds a signal.
+    struct Awaited(u32, Log, Option<GoneSignal>);
+
+    impl Destroy for Awaited {
+        fn destroy(self) -> Result<(), VerbsError> {
+            self.1.lock().unwrap().push((self.0, None));
+            Ok(())
+        }
+
+        fn awaited(&self) -> bool {
+            self.2.is_some()
+        }
+    }
+
+    #[test]
+    fn reap_awaited_takes_only_what_is_waited_for_and_not_yet_due() {
+        let log: Log = Arc::new(Mutex::new(Vec::new()));
+        let q = RetireQueue::new(Duration::from_secs(60), 4);
+        let t0 = Instant::now();
+        let (signal, gone) = gone_pair();
+        q.retire(t0, Awaited(1, log.clone(), None)).unwrap();
+        q.retire(t0, Awaited(2, log.clone(), Some(signal))).unwrap();
+        assert!(!gone.wait(Duration::ZERO));
+        assert_eq!(q.reap_due(t0), 0, "nothing is due");
+        assert_eq!(q.reap_awaited(), 1);
+        assert!(gone.wait(Duration::ZERO), "its signal went with it");
+        assert_eq!(
+            log.lock().unwrap().iter().map(|e| e.0).collect::<Vec<_>>(),
+            [2]
+        );
+        assert_eq!(q.len(), 1, "the other waits for its grace");
+        assert_eq!(q.reap_awaited(), 0);
+        q.close().unwrap();
+        assert_eq!(log.lock().unwrap().len(), 2);
     }
 }

@@ -145,6 +145,7 @@ pub fn params(device: &str, addr: &str, recv: u32, send: u32) -> IfaceConfig {
             recv_slots: recv,
             send_slots: send,
             max_payload: None,
+            banks: 1,
         },
         neigh_capacity: 64,
         neigh_max_age: Duration::from_secs(300),

@@ -68,6 +68,8 @@ pub fn side_with(
     on_poll_failure: PollFailurePolicy,
 ) -> Side {
     let mut p = params(dev, addr, 64, 32);
+    // As the daemon's default: a spare bank of slots for restarts after a failed poll.
+    p.endpoint.banks = 2;
     p.poll_failure = on_poll_failure;
     p.tx_timeout = Duration::from_millis(300);
     let stats = Arc::new(Stats::default());

@@ -30,6 +30,10 @@ pub struct Closed {
     pub kept: bool,
     /// Time spent in [`Endpoint::restart`] (zero when not kept).
     pub restart: Duration,
+    /// The reap waits for the failed QP's destroy, off the restart
+    /// ([`KeptEndpoint::take_pending`]): `reaped`, `sends_reaped` and `ledger` say
+    /// nothing of that QP's work requests, [`PendingBank::reap`] does.
+    pub deferred: bool,
 }
 
 /// A teardown that reaped, drained and destroyed nothing, took no time and left the
@@ -46,6 +50,7 @@ impl Default for Closed {
             ledger: Ok(()),
             kept: false,
             restart: Duration::ZERO,
+            deferred: false,
         }
     }
 }
@@ -55,15 +60,95 @@ impl Default for Closed {
 pub struct KeptEndpoint {
     pub(super) ep: Box<dyn Endpoint>,
     pub(super) group_ah: AhHandle,
+    /// The bank of slots the next epoch posts from.
+    pub(super) bank: u32,
+    /// The failed QP's bank, reaped once that QP is gone.
+    pub(super) pending: Option<PendingBank>,
 }
 
 impl KeptEndpoint {
     /// Close it instead of reopening on it. Its address handles go with it, so the
     /// neighbour table (which still names them) forgets them; they are counted as
-    /// destroyed.
-    pub fn close(self, neigh: Option<&mut Neighbours>, stats: &Stats) {
+    /// destroyed. A bank still pending is reaped once the endpoint is gone.
+    pub fn close(mut self, neigh: Option<&mut Neighbours>, stats: &Stats) {
         forget_ahs(neigh, stats);
+        let pending = self.pending.take();
         drop(self.ep);
+        if let Some(p) = pending {
+            p.reap_after_close();
+        }
+    }
+
+    /// The failed QP's bank of slots, when this restart deferred its destroy
+    /// ([`Interface::allow_deferred_reap`]): the caller reaps it with
+    /// [`PendingBank::reap`] once the new epoch runs. Left here, it is reaped (waited
+    /// for) when the next epoch opens on this endpoint, or when it is closed.
+    pub fn take_pending(&mut self) -> Option<PendingBank> {
+        self.pending.take()
+    }
+}
+
+/// The work requests of a QP that a restart after a failed poll replaced without
+/// destroying it first ([`Endpoint::restart_deferring_old`]): they wait here, on their
+/// bank of slots, while the next epoch runs on the other bank; once the QP is gone
+/// (destroyed by whichever thread reaps it first), each is reaped and the ledger
+/// checked. Nothing of this bank is posted again before that.
+pub struct PendingBank {
+    ledger: Box<Ledger>,
+    stats: Arc<Stats>,
+    gone: crate::verbs::retire::Gone,
+    reaper: Option<Arc<dyn crate::verbs::retire::Reaper>>,
+}
+
+/// What the reap of a [`PendingBank`] found.
+#[derive(Debug, Clone)]
+pub struct BankReaped {
+    /// Work requests reaped.
+    pub reaped: u64,
+    /// Of those, sends (each counted as a drop with reason `reaped`).
+    pub sends_reaped: u64,
+    /// The ledger's verdict after the reap.
+    pub ledger: Result<(), String>,
+}
+
+/// How long [`KeptEndpoint`]'s own reap of a bank left to it waits for the QP (a
+/// destroy has been seen to block for 1.2 s in the lab).
+const PENDING_WAIT: Duration = Duration::from_secs(10);
+
+impl PendingBank {
+    /// Destroy the failed QP on this thread if it is still there (the reaper thread may
+    /// be at it already), wait at most `bound` for it to be gone, then reap every work
+    /// request still posted on it and check the ledger. `Err(self)`: not gone within
+    /// `bound`; nothing reaped, try again later.
+    pub fn reap(self, bound: Duration) -> Result<BankReaped, PendingBank> {
+        if let Some(r) = &self.reaper {
+            r.reap_awaited();
+        }
+        if !self.gone.wait(bound) {
+            return Err(self);
+        }
+        let PendingBank {
+            mut ledger, stats, ..
+        } = self;
+        Ok(Interface::reap_ledger(&mut ledger, &stats))
+    }
+
+    /// Reap it here: the QP destroyed on this thread if still there (or with its endpoint,
+    /// when that was closed), waited for at most [`PENDING_WAIT`]; a ledger that does
+    /// not balance is logged (no restart record is left to carry it).
+    pub(super) fn reap_after_close(self) {
+        match self.reap(PENDING_WAIT) {
+            Ok(r) => {
+                if let Err(e) = r.ledger {
+                    tracing::error!(error = %e, "ledger of the failed QP's bank does not balance after the reap");
+                }
+            }
+            Err(_) => {
+                tracing::error!(
+                    "the failed QP was not destroyed with its endpoint: its work requests cannot be reaped"
+                );
+            }
+        }
     }
 }
 
@@ -266,7 +351,14 @@ impl Interface {
             }
         }
         let renew_start = watch.mark();
-        let renewed = if self.untrusted {
+        // After a failed poll the old QP must be gone before its slots are reaped: with
+        // the other bank free, the next epoch posts from that one and the old QP's
+        // destroy and reap follow it (off the restart), else the QP goes now.
+        let defer = self.untrusted && self.other_bank_free && self.ep.attrs().banks >= 2;
+        let mut gone = None;
+        let renewed = if defer {
+            self.ep.restart_deferring_old().map(|g| gone = Some(g))
+        } else if self.untrusted {
             self.ep.restart_destroying_old()
         } else {
             self.ep.restart()
@@ -274,6 +366,12 @@ impl Interface {
         t.restart = watch.since(renew_start);
         let kept = match renewed {
             Ok(()) => Some(KeptEndpoint {
+                bank: if gone.is_some() {
+                    1 - self.bank.min(1)
+                } else {
+                    self.bank
+                },
+                pending: None,
                 ep: self.ep,
                 group_ah: self.group_ah,
             }),
@@ -288,6 +386,23 @@ impl Interface {
         };
         t.kept = kept.is_some();
         t.destroy = watch.since(destroy_start);
+        let mut kept = kept;
+        if let (Some(k), Some(gone)) = (kept.as_mut(), gone) {
+            // Flushes and gauges as for any teardown; the work requests wait for the QP.
+            t.deferred = true;
+            t.flushed = stats::get(&self.stats.recv_flushed) + stats::get(&self.stats.send_flushed)
+                - flushed_before;
+            stats::add(&self.stats.teardown_errors, t.errors);
+            stats::set(&self.stats.recv_outstanding, 0);
+            stats::set(&self.stats.send_outstanding, 0);
+            k.pending = Some(PendingBank {
+                reaper: k.ep.reaper(),
+                ledger: Box::new(self.ledger),
+                stats: self.stats,
+                gone,
+            });
+            return (t, self.neigh, kept);
+        }
         Self::reap(&mut self.ledger, &self.stats, &mut t, flushed_before);
         (t, self.neigh, kept)
     }
@@ -295,28 +410,41 @@ impl Interface {
     /// Reap what never completed and check the ledger (the endpoint is gone or renewed).
     /// Takes the parts it needs: the endpoint has been moved out by then.
     pub(super) fn reap(ledger: &mut Ledger, stats: &Stats, t: &mut Closed, flushed_before: u64) {
-        // Sends reaped never completed: whether they left is unknown, so each is counted
-        // as dropped with reason `reaped`.
-        for _ in ledger.reap_all() {
-            stats.count_drop(DropReason::TxReaped);
-            t.sends_reaped += 1;
-        }
-        t.reaped = ledger.totals(Ring::Recv).reaped + ledger.totals(Ring::Send).reaped;
+        let r = Self::reap_ledger(ledger, stats);
+        t.sends_reaped = r.sends_reaped;
+        t.reaped = r.reaped;
+        t.ledger = r.ledger;
         t.flushed =
             stats::get(&stats.recv_flushed) + stats::get(&stats.send_flushed) - flushed_before;
-        stats::add(&stats.recv_reaped, ledger.totals(Ring::Recv).reaped);
-        stats::add(&stats.send_reaped, ledger.totals(Ring::Send).reaped);
         // Reaped: nothing is waiting for a completion any more.
         stats::set(&stats.recv_never_complete, 0);
         stats::set(&stats.send_never_complete, 0);
-        t.ledger = ledger.check();
-        if t.ledger.is_ok()
-            && ledger.totals(Ring::Recv).outstanding + ledger.totals(Ring::Send).outstanding != 0
-        {
-            t.ledger = Err("work requests still outstanding after the reap".into());
-        }
         stats::add(&stats.teardown_errors, t.errors);
         stats::set(&stats.recv_outstanding, 0);
         stats::set(&stats.send_outstanding, 0);
+    }
+
+    /// Reap every work request of `ledger` still posted (its QP is gone), count them,
+    /// and check the ledger.
+    pub(super) fn reap_ledger(ledger: &mut Ledger, stats: &Stats) -> BankReaped {
+        // Sends reaped never completed: whether they left is unknown, so each is counted
+        // as dropped with reason `reaped`.
+        let mut sends_reaped = 0;
+        for _ in ledger.reap_all() {
+            stats.count_drop(DropReason::TxReaped);
+            sends_reaped += 1;
+        }
+        let (recv, send) = (ledger.totals(Ring::Recv), ledger.totals(Ring::Send));
+        stats::add(&stats.recv_reaped, recv.reaped);
+        stats::add(&stats.send_reaped, send.reaped);
+        let mut check = ledger.check();
+        if check.is_ok() && recv.outstanding + send.outstanding != 0 {
+            check = Err("work requests still outstanding after the reap".into());
+        }
+        BankReaped {
+            reaped: recv.reaped + send.reaped,
+            sends_reaped,
+            ledger: check,
+        }
     }
 }

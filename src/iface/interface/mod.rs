@@ -19,7 +19,7 @@ pub use poll_failure::PollFailurePolicy;
 use poll_failure::cq_index;
 
 use close::forget_ahs;
-pub use close::{Closed, Closing, DrainStep, KeptEndpoint};
+pub use close::{BankReaped, Closed, Closing, DrainStep, KeptEndpoint, PendingBank};
 
 use std::io;
 use std::net::IpAddr;
@@ -270,6 +270,12 @@ pub enum Origin<'a> {
 pub struct Interface {
     ep: Box<dyn Endpoint>,
     ledger: Ledger,
+    /// The bank of the endpoint's slots this epoch posts from (0 unless a restart
+    /// deferred its failed QP's destroy, [`Endpoint::restart_deferring_old`]).
+    bank: u32,
+    /// The caller allows a restart after a failed poll to leave this epoch's bank to its
+    /// QP and open the next on the other bank ([`Interface::allow_deferred_reap`]).
+    other_bank_free: bool,
     neigh: Neighbours,
     stats: Arc<Stats>,
     addr: Ipv4Cidr,
@@ -372,11 +378,16 @@ impl Interface {
                 let opened = watch.since(start);
                 Self::on_endpoint(ep, None, opened, p, stats, epoch, neigh, watch)
             }
-            Origin::Kept(kept) => {
+            Origin::Kept(mut kept) => {
                 let st = stats.clone();
+                if let Some(p) = kept.take_pending() {
+                    // The caller left the failed QP's bank here: it is reaped before
+                    // anything else opens on this endpoint.
+                    p.reap_after_close();
+                }
                 let r = Self::on_endpoint(
                     kept.ep,
-                    Some(kept.group_ah),
+                    Some((kept.group_ah, kept.bank)),
                     Duration::ZERO,
                     p,
                     stats,
@@ -402,7 +413,7 @@ impl Interface {
     #[allow(clippy::too_many_arguments)]
     fn on_endpoint(
         mut ep: Box<dyn Endpoint>,
-        group_ah: Option<AhHandle>,
+        kept: Option<(AhHandle, u32)>,
         opened: Duration,
         p: &IfaceConfig,
         stats: Arc<Stats>,
@@ -410,7 +421,11 @@ impl Interface {
         neigh: &mut Option<Neighbours>,
         watch: Stopwatch<'_>,
     ) -> Result<Interface, OpenError> {
-        let on_kept = group_ah.is_some();
+        let on_kept = kept.is_some();
+        let (group_ah, bank) = match kept {
+            Some((ah, bank)) => (Some(ah), bank),
+            None => (None, 0),
+        };
         let mut times = OpenTimes {
             open: opened,
             ..OpenTimes::default()
@@ -443,7 +458,9 @@ impl Interface {
         times.attach = watch.since(t);
         let own_hw = IpoibAddr::new(a.qpn, a.gid);
         let mut iface = Interface {
-            ledger: Ledger::new(epoch, a.recv_slots, a.send_slots),
+            ledger: Ledger::in_bank(epoch, a.recv_slots, a.send_slots, bank),
+            bank,
+            other_bank_free: false,
             neigh: neigh
                 .take()
                 .unwrap_or_else(|| Neighbours::new(p.neigh_capacity as usize, p.neigh_max_age)),
@@ -546,6 +563,21 @@ impl Interface {
     /// Counters.
     pub fn stats(&self) -> &Arc<Stats> {
         &self.stats
+    }
+
+    /// Let a teardown after a failed poll (keeping the endpoint, which has two banks of
+    /// slots) leave this epoch's work requests to its QP and open the next epoch on the
+    /// other bank: the QP is destroyed and its work requests reaped after the next epoch
+    /// runs, by whoever takes the [`PendingBank`] ([`KeptEndpoint::take_pending`]). Only
+    /// when the other bank is free, that is when no earlier [`PendingBank`] of this
+    /// endpoint is still waiting. Off unless allowed.
+    pub fn allow_deferred_reap(&mut self, allow: bool) {
+        self.other_bank_free = allow;
+    }
+
+    /// The bank of slots this epoch posts from.
+    pub fn bank(&self) -> u32 {
+        self.bank
     }
 
     /// The ledger (for checks).

@@ -45,6 +45,12 @@ pub struct RestartRecord {
     /// cannot be accounted for, not because a reap found them unbalanced.
     #[serde(default)]
     pub ledger_lost: bool,
+    /// Whether the failed QP's destroy and the reap of its work requests came after the
+    /// new epoch was running (a spare bank of slots: the new ring was posted from the
+    /// other bank); `wr_reaped`, `sends_reaped` and `ledger_balanced` include that reap,
+    /// `phases.bank_reap_ms` is its time.
+    #[serde(default)]
+    pub deferred_reap: bool,
 }
 
 /// Where one recovery's time went, in milliseconds, in the order the phases run. Their
@@ -86,6 +92,10 @@ pub struct Phases {
     /// The TAP carrier on (`TUNSETCARRIER`).
     #[serde(default)]
     pub carrier_ms: f64,
+    /// After the new epoch runs (not part of `recovery_ms`): the failed QP destroyed and
+    /// its bank of slots reaped, when the restart deferred them (`deferred_reap`).
+    #[serde(default)]
+    pub bank_reap_ms: f64,
 }
 
 /// Milliseconds, as the records and log lines give durations.

@@ -57,6 +57,12 @@ pub const DEFAULT_GROUP: Ipv4Addr = Ipv4Addr::new(239, 18, 0, 1);
 /// instead of one MTU. See docs/PERFORMANCE.md for what it changes.
 pub const DEFAULT_TAP_OFFLOAD: bool = true;
 
+/// A second bank of receive and send slots, so that a restart after a failed poll posts
+/// the new QP's receive ring and announces it before the failed QP is destroyed (the
+/// registered memory doubles: 34 MiB at the default rings and a 4096-byte MTU). See
+/// docs/PERFORMANCE.md for what it changes.
+pub const DEFAULT_SPARE_BANK: bool = true;
+
 /// Send-stall watchdog. The kernel's IPoIB uses a 1 s netdev watchdog; emulated lab
 /// guests stall for longer than that under load without anything being wrong, so 3 s.
 pub const DEFAULT_TX_TIMEOUT: Duration = Duration::from_secs(3);

@@ -59,6 +59,8 @@ pub struct Config {
     pub tx_timeout: Duration,
     /// TAP checksum and TCP segmentation offload.
     pub tap_offload: bool,
+    /// A second bank of slots for restarts after a failed poll.
+    pub spare_bank: bool,
     /// Restart policy.
     pub restart: Policy,
     /// The control socket serves `inject`, `clear` and `faults` (off unless asked for:
@@ -412,6 +414,7 @@ impl Config {
             neigh_max_age: Duration::from_secs(age),
             tx_timeout,
             tap_offload: f.tap_offload.unwrap_or(DEFAULT_TAP_OFFLOAD),
+            spare_bank: f.spare_bank.unwrap_or(DEFAULT_SPARE_BANK),
             allow_faults,
             poll_failure,
             metrics_listen,
@@ -490,12 +493,17 @@ impl Config {
         );
         let _ = writeln!(
             t,
-            "  restart: backoff {}..{} ms, dead after more than {} restarts within {} s; send-stall watchdog {} ms",
+            "  restart: backoff {}..{} ms, dead after more than {} restarts within {} s; send-stall watchdog {} ms; {}",
             ms(self.restart.backoff_initial),
             ms(self.restart.backoff_max),
             self.restart.max_restarts,
             self.restart.window.as_secs(),
-            ms(self.tx_timeout)
+            ms(self.tx_timeout),
+            if self.spare_bank {
+                "a spare bank of slots (registered memory doubled)"
+            } else {
+                "no spare bank of slots"
+            }
         );
         let _ = writeln!(
             t,
@@ -525,6 +533,7 @@ impl Config {
                 recv_slots: self.recv_ring,
                 send_slots: self.send_ring,
                 max_payload: self.mtu.map(|m| m + ipoib::HEADER_LEN as u32),
+                banks: if self.spare_bank { 2 } else { 1 },
             },
             neigh_capacity: self.neigh_capacity,
             neigh_max_age: self.neigh_max_age,

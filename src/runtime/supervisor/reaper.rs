@@ -42,6 +42,11 @@ impl ReaperThread {
         Ok(())
     }
 
+    /// Whether the thread was started (and not told to end).
+    pub(super) fn running(&self) -> bool {
+        self.tx.is_some()
+    }
+
     /// Tell the thread to end (after a destroy in progress, if any) and wait for it;
     /// `false` if it panicked.
     pub(super) fn end(&mut self) -> bool {

@@ -14,7 +14,9 @@ use super::{CLOSE_GRACE_CAP, Ended, HISTORY_LEN, Order, Supervised};
 use crate::iface::neigh::Neighbours;
 use crate::iface::recovery::{Action, Attempt, Event, Recovery, RestartRecord, Revival, ms};
 use crate::iface::stats;
-use crate::iface::{Closed, FLUSH_DEADLINE, Failure, Interface, KeptEndpoint, OpenError, Origin};
+use crate::iface::{
+    Closed, FLUSH_DEADLINE, Failure, Interface, KeptEndpoint, OpenError, Origin, PendingBank,
+};
 use crate::runtime::poller::{Exit, Poller, SpawnFailed};
 use crate::tap::FrameIo;
 use crate::verbs::VerbsError;
@@ -29,6 +31,20 @@ fn unix_ms() -> u64 {
 
 /// A close came while the restart waited.
 struct Stop;
+
+/// How long the supervisor waits for a failed QP whose destroy a restart deferred (a
+/// destroy has been seen to block for 1.2 s in the lab); past it, the bank stays
+/// pending and the next restart does not defer.
+const PENDING_BOUND: Duration = Duration::from_secs(10);
+
+/// The reaps of pending banks, summed for the restart record.
+#[derive(Default)]
+struct Settled {
+    reaped: u64,
+    sends_reaped: u64,
+    balanced: bool,
+    took: Duration,
+}
 
 /// The state of one supervisor's thread.
 pub(super) struct SupervisorThread {
@@ -54,6 +70,11 @@ pub(super) struct SupervisorThread {
     start_failed: bool,
     /// The reaper of the live endpoint, if its provider keeps replaced objects.
     reaper: Option<Arc<dyn Reaper>>,
+    /// The failed QP's bank of slots, left to it by the last teardown (a spare bank):
+    /// reaped once the new epoch runs ([`SupervisorThread::settle_pending`]).
+    pending: Option<PendingBank>,
+    /// What the reaps of pending banks found since the last restart record.
+    settled: Option<Settled>,
     reaper_thread: ReaperThread,
 }
 
@@ -75,6 +96,8 @@ impl SupervisorThread {
             last_error: String::new(),
             start_failed: false,
             reaper: None,
+            pending: None,
+            settled: None,
             reaper_thread: ReaperThread::default(),
         }
     }
@@ -257,8 +280,10 @@ impl SupervisorThread {
                 tracing::info!(iface = %self.s.name, "the device returned: reviving the dead interface");
                 None
             }
-            Action::Dead { why, record } => {
+            Action::Dead { why, mut record } => {
                 tracing::error!(iface = %self.s.name, %why, "circuit breaker tripped: interface declared dead; `uipoib restart` revives it");
+                self.settle_pending(PENDING_BOUND);
+                self.fold_settled(&mut record);
                 self.push_record(record, false);
                 if let Ok(mut st) = self.s.status.lock() {
                     st.state = "dead".into();
@@ -267,7 +292,11 @@ impl SupervisorThread {
                 self.join_old_poller();
                 None
             }
-            Action::Recovered(record) => {
+            Action::Recovered(mut record) => {
+                // The new epoch runs: the failed QP it replaced goes now, and its bank
+                // of slots is reaped, off the restart's time.
+                self.settle_pending(PENDING_BOUND);
+                self.fold_settled(&mut record);
                 self.recovered(record);
                 self.join_old_poller();
                 None
@@ -293,7 +322,11 @@ impl SupervisorThread {
     /// Tear down the interface in hand: drained (on the wall clock, at most
     /// [`FLUSH_DEADLINE`]) or not; its endpoint kept (QP and CQs renewed) or closed.
     fn close_epoch(&mut self, drain: bool, keep: bool) -> Option<Event> {
-        let iface = self.iface.take()?;
+        let mut iface = self.iface.take()?;
+        // The other bank is free unless a failed QP's is still pending (then this one's
+        // QP is destroyed before the reap, and the next epoch stays on this bank).
+        let free = self.settle_pending(PENDING_BOUND);
+        iface.allow_deferred_reap(free);
         let deadline = if drain {
             FLUSH_DEADLINE
         } else {
@@ -301,8 +334,9 @@ impl SupervisorThread {
         };
         // Kept, the TAP takes what the drain delivers; a lost device delivers nothing.
         let tap: Option<&dyn FrameIo> = if keep { Some(&*self.s.tap) } else { None };
-        let (t, neigh, kept) = close_timed(iface, deadline, tap, keep);
+        let (t, neigh, mut kept) = close_timed(iface, deadline, tap, keep);
         self.neigh = Some(neigh);
+        self.pending = kept.as_mut().and_then(KeptEndpoint::take_pending);
         self.kept = kept;
         self.closed(&t);
         Some(Event::Closed(t))
@@ -428,18 +462,72 @@ impl SupervisorThread {
         }
     }
 
+    /// Reap the pending bank, if any, once its failed QP is gone (destroyed on this
+    /// thread if still due), waiting at most `bound`; what it found is kept for the
+    /// restart's record. Whether no bank is pending after.
+    fn settle_pending(&mut self, bound: Duration) -> bool {
+        let Some(p) = self.pending.take() else {
+            return true;
+        };
+        let start = Instant::now();
+        match p.reap(bound) {
+            Ok(r) => {
+                if let Err(e) = &r.ledger {
+                    tracing::error!(iface = %self.s.name, error = %e, "ledger of the failed QP's bank does not balance after the reap");
+                    self.last_ledger = r.ledger.clone();
+                }
+                let s = self.settled.get_or_insert(Settled {
+                    balanced: true,
+                    ..Settled::default()
+                });
+                s.reaped += r.reaped;
+                s.sends_reaped += r.sends_reaped;
+                s.balanced &= r.ledger.is_ok();
+                s.took += start.elapsed();
+                true
+            }
+            Err(p) => {
+                tracing::error!(iface = %self.s.name, waited_ms = ms(start.elapsed()), "the failed QP is not destroyed yet: its work requests stay pending");
+                self.pending = Some(p);
+                false
+            }
+        }
+    }
+
+    /// Put what the pending banks' reaps found into `record`.
+    fn fold_settled(&mut self, record: &mut RestartRecord) {
+        if let Some(s) = self.settled.take() {
+            record.deferred_reap = true;
+            record.wr_reaped += s.reaped;
+            record.sends_reaped += s.sends_reaped;
+            record.ledger_balanced &= s.balanced;
+            record.phases.bank_reap_ms += ms(s.took);
+        }
+    }
+
     fn join_old_poller(&mut self) {
         if let Some(p) = self.old_poller.take() {
             p.join();
         }
     }
 
-    /// Give the live endpoint's reaper to the reaper thread (started on first use).
+    /// Give the live endpoint's reaper to the reaper thread (started on first use),
+    /// unless it has it already: a kept endpoint's is the same, and telling the thread
+    /// again would wake it in the middle of the restart (on a guest's one CPU it then runs
+    /// before the announcement).
     fn watch_retired(&mut self, iface: &mut Interface) {
-        self.reaper = iface.endpoint_mut().reaper();
+        let new = iface.endpoint_mut().reaper();
+        let same = match (&self.reaper, &new) {
+            (Some(old), Some(new)) => Arc::ptr_eq(old, new),
+            _ => false,
+        };
+        self.reaper = new;
         let Some(r) = self.reaper.clone() else {
             return;
         };
+        if same && self.reaper_thread.running() {
+            return;
+        }
         if let Err(e) = self.reaper_thread.watch(&self.s.name, r) {
             // The endpoint's teardown destroys them all, later than their grace.
             tracing::error!(iface = %self.s.name, error = %e, "starting the reaper thread failed: replaced QPs wait for the teardown");
@@ -521,6 +609,14 @@ impl SupervisorThread {
     }
 
     fn ended(&mut self) -> Ended {
+        // A bank still pending is reaped before the end (its endpoint, if closed,
+        // destroyed its QP).
+        if !self.settle_pending(PENDING_BOUND) {
+            self.pending = None;
+            self.last_ledger = Err("the failed QP of the last restart was never destroyed: its work requests cannot be accounted for".into());
+        } else if self.settled.as_ref().is_some_and(|s| !s.balanced) {
+            self.last_ledger = Err("the failed QP's bank did not balance after its reap".into());
+        }
         // The reaper thread ends once told (after a destroy in progress, if any).
         self.reaper = None;
         if !self.reaper_thread.end() {

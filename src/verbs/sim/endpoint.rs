@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use crate::verbs::retire::{Destroy, Reaper};
+use crate::verbs::retire::{Destroy, Gone, Reaper, gone_pair};
 use crate::verbs::{
     AhHandle, AsyncEvent, Completion, CqKind, Endpoint, EndpointAttrs, Gid, PostSendError,
     SEND_HEADROOM, SEND_TAILROOM, SendWr, VerbsError, WaitFds, WcStatus,
@@ -32,7 +32,7 @@ use super::{
 impl SimEndpoint {
     /// Why `wr` cannot be posted, if it cannot; else its destination GID.
     fn check_send(&self, wr: &SendWr) -> Result<Gid, VerbsError> {
-        if wr.slot >= self.attrs.send_slots {
+        if wr.slot >= self.attrs.send_slots * self.attrs.banks {
             return Err(VerbsError::verb("ibv_post_send", libc::EINVAL));
         }
         if wr.len > self.attrs.max_payload {
@@ -51,14 +51,16 @@ impl SimEndpoint {
 
     /// Where receive slot `slot` lies in `recv_mem` (`None`: out of range).
     fn recv_range(&self, slot: u32) -> Option<Range<usize>> {
-        let start = (slot < self.attrs.recv_slots).then(|| slot as usize * self.recv_stride)?;
+        let start = (slot < self.attrs.recv_slots * self.attrs.banks)
+            .then(|| slot as usize * self.recv_stride)?;
         Some(start..start + self.recv_stride)
     }
 
     /// Where send slot `slot` with its room lies in `send_mem` (`None`: out of range).
     fn send_room_range(&self, slot: u32) -> Option<Range<usize>> {
         let len = send_stride(self.attrs.max_payload);
-        let start = (slot < self.attrs.send_slots).then(|| slot as usize * len)?;
+        let start =
+            (slot < self.attrs.send_slots * self.attrs.banks).then(|| slot as usize * len)?;
         Some(start..start + len)
     }
 }
@@ -94,13 +96,11 @@ impl Endpoint for SimEndpoint {
     }
 
     fn post_recv(&mut self, wr_id: u64, slot: u32) -> Result<(), VerbsError> {
-        if slot >= self.attrs.recv_slots {
+        let slots = self.attrs.recv_slots * self.attrs.banks;
+        if slot >= slots {
             return Err(VerbsError::Invalid {
                 field: "slot",
-                why: format!(
-                    "receive slot {slot} is outside 0..{}",
-                    self.attrs.recv_slots
-                ),
+                why: format!("receive slot {slot} is outside 0..{slots}"),
             });
         }
         let mut st = lock(&self.qp.state);
@@ -427,10 +427,17 @@ impl Endpoint for SimEndpoint {
         Ok(())
     }
     fn restart(&mut self) -> Result<(), VerbsError> {
-        self.restart_qp(false)
+        self.restart_qp(OldQp::Retire).map(drop)
     }
     fn restart_destroying_old(&mut self) -> Result<(), VerbsError> {
-        self.restart_qp(true)
+        self.restart_qp(OldQp::Destroy).map(drop)
+    }
+    /// The old QP leaves the fabric at once, as in every renewal here (nothing reaches
+    /// it), but its "destroy" waits for the reaper, due at once: the caller's wait for
+    /// the [`Gone`] and its deferred reap run as they do over a real device.
+    fn restart_deferring_old(&mut self) -> Result<Gone, VerbsError> {
+        self.restart_qp(OldQp::Defer)
+            .map(|g| g.unwrap_or_else(Gone::already))
     }
 
     fn reaper(&self) -> Option<Arc<dyn Reaper>> {
@@ -450,9 +457,10 @@ impl SimEndpoint {
     /// [`Endpoint::restart`]: a new QP (new number, empty queues and CQs) on the same
     /// device, slot memory and address handles, in the old one's multicast groups; the
     /// old QP leaves the fabric, and what was posted on it never completes.
-    /// With `destroy_old`, the old QP is destroyed here (recorded on this thread, at
-    /// once) instead of being retired for its grace.
-    fn restart_qp(&mut self, destroy_old: bool) -> Result<(), VerbsError> {
+    /// With [`OldQp::Destroy`], the old QP is destroyed here (recorded on this thread,
+    /// at once) instead of being retired for its grace; with [`OldQp::Defer`] it is
+    /// retired due at once, and the [`Gone`] returned says when it is destroyed.
+    fn restart_qp(&mut self, mode: OldQp) -> Result<Option<Gone>, VerbsError> {
         let mut topo = write(&self.fabric.topo);
         let dev = &topo.devices[self.qp.device];
         let gid_now = dev.gids.get(usize::from(self.attrs.gid_index)).copied();
@@ -477,15 +485,23 @@ impl SimEndpoint {
         }
         topo.qps.insert(qpn, Arc::clone(&qp));
         drop(topo);
-        let old = SimRetired {
+        let mut old = SimRetired {
             qpn: self.qp.qpn,
             at: Instant::now(),
             fabric: Arc::clone(&self.fabric),
+            gone: None,
         };
-        if destroy_old {
-            old.destroy()?;
-        } else {
-            self.retired.retire(Instant::now(), old)?;
+        let mut gone = None;
+        match mode {
+            OldQp::Destroy => old.destroy()?,
+            OldQp::Retire => self.retired.retire(Instant::now(), old)?,
+            OldQp::Defer => {
+                let (signal, waiter) = gone_pair();
+                old.gone = Some(signal);
+                gone = Some(waiter);
+                self.retired
+                    .retire_for(Instant::now(), crate::verbs::retire::CQ_GRACE, old)?;
+            }
         }
         // The completion channel stays: a watched one now hears the new QP.
         let waker = lock(&self.qp.state).waker.take();
@@ -497,8 +513,16 @@ impl SimEndpoint {
         self.fabric
             .endpoint_restarts
             .fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        Ok(gone)
     }
+}
+
+/// What a renewal does with the QP it replaces.
+#[derive(Clone, Copy)]
+enum OldQp {
+    Retire,
+    Destroy,
+    Defer,
 }
 
 impl Drop for SimEndpoint {

@@ -287,6 +287,12 @@ impl Provider for SimFabric {
                     dev.gids.len()
                 ),
             })?;
+        if !(1..=2).contains(&cfg.banks) {
+            return Err(VerbsError::Invalid {
+                field: "banks",
+                why: format!("{} banks of slots: 1 or 2", cfg.banks),
+            });
+        }
         for (field, v) in [
             ("recv_slots", cfg.recv_slots),
             ("send_slots", cfg.send_slots),
@@ -331,9 +337,11 @@ impl Provider for SimFabric {
             recv_slots: cfg.recv_slots,
             send_slots: cfg.send_slots,
             max_inline: 0,
+            banks: cfg.banks,
         };
         let recv_slots = cfg.recv_slots as usize;
         let send_slots = cfg.send_slots as usize;
+        let banks = cfg.banks as usize;
         let qp = Arc::new(Qp::new(Qp {
             qpn,
             device: dev_idx,
@@ -357,8 +365,8 @@ impl Provider for SimFabric {
             fabric: Arc::clone(&self.inner),
             qp,
             recv_stride,
-            recv_mem: vec![0; recv_slots * recv_stride],
-            send_mem: vec![0; send_slots * send_stride(max_payload)],
+            recv_mem: vec![0; banks * recv_slots * recv_stride],
+            send_mem: vec![0; banks * send_slots * send_stride(max_payload)],
             attrs,
             ahs: HashMap::new(),
             next_ah: 1,

@@ -157,6 +157,8 @@ struct SimRetired {
     qpn: u32,
     at: Instant,
     fabric: Arc<Fabric>,
+    /// Dropped at its destroy ([`crate::verbs::Endpoint::restart_deferring_old`]).
+    gone: Option<crate::verbs::retire::GoneSignal>,
 }
 
 /// An in-process RDMA fabric implementing [`Provider`]. Cheap to clone; clones share the

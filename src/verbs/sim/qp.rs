@@ -22,7 +22,12 @@ impl Destroy for SimRetired {
             thread: std::thread::current().name().map(str::to_string),
             after: self.at.elapsed(),
         });
+        drop(self.gone);
         Ok(())
+    }
+
+    fn awaited(&self) -> bool {
+        self.gone.is_some()
     }
 }
 

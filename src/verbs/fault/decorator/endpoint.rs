@@ -534,10 +534,37 @@ impl Endpoint for FaultyEndpoint {
     fn restart_destroying_old(&mut self) -> Result<(), VerbsError> {
         self.restart_with(true)
     }
+    /// As [`Endpoint::restart_destroying_old`] here (counted with it), the old QP's
+    /// destroy deferred by the inner endpoint.
+    fn restart_deferring_old(&mut self) -> Result<crate::verbs::retire::Gone, VerbsError> {
+        let mut gone = None;
+        self.restart_checked(|inner| {
+            gone = Some(inner.restart_deferring_old()?);
+            Ok(true)
+        })?;
+        Ok(gone.unwrap_or_else(crate::verbs::retire::Gone::already))
+    }
 }
 
 impl FaultyEndpoint {
     fn restart_with(&mut self, destroy_old: bool) -> Result<(), VerbsError> {
+        self.restart_checked(|inner| {
+            if destroy_old {
+                inner.restart_destroying_old()?;
+            } else {
+                inner.restart()?;
+            }
+            Ok(destroy_old)
+        })
+    }
+
+    /// Refused while the device is hidden or lost; else `renew` renews the inner
+    /// endpoint (returning whether the old QP was destroyed rather than retired for its
+    /// grace) and the per-QP fault state starts afresh.
+    fn restart_checked(
+        &mut self,
+        renew: impl FnOnce(&mut dyn Endpoint) -> Result<bool, VerbsError>,
+    ) -> Result<(), VerbsError> {
         if self.switch.hidden.load(Ordering::SeqCst) {
             return Err(VerbsError::RenewRefused(
                 "the device is gone (hidden)".into(),
@@ -548,13 +575,10 @@ impl FaultyEndpoint {
                 "the device was lost ({ev:?})"
             )));
         }
-        if destroy_old {
-            self.inner.restart_destroying_old()?;
+        if renew(self.inner.as_mut())? {
             self.switch
                 .endpoint_restarts_destroying
                 .fetch_add(1, Ordering::SeqCst);
-        } else {
-            self.inner.restart()?;
         }
         self.failed = false;
         self.switch.unstall(&self.shared);

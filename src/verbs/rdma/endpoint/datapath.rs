@@ -29,7 +29,10 @@ impl RdmaEndpoint {
             .recv_offset(slot)
             .ok_or_else(|| VerbsError::Invalid {
                 field: "slot",
-                why: format!("receive slot {slot} of {}", self.attrs.recv_slots),
+                why: format!(
+                    "receive slot {slot} of {}",
+                    self.attrs.recv_slots * self.attrs.banks
+                ),
             })?;
         let mut sge = ibv_sge {
             addr: self.region.addr(off),
@@ -72,7 +75,11 @@ impl RdmaEndpoint {
             let Some(off) = self.layout.recv_offset(w.slot) else {
                 return reject(VerbsError::Invalid {
                     field: "slot",
-                    why: format!("receive slot {} of {}", w.slot, self.attrs.recv_slots),
+                    why: format!(
+                        "receive slot {} of {}",
+                        w.slot,
+                        self.attrs.recv_slots * self.attrs.banks
+                    ),
                 });
             };
             self.recv_sges[i] = ibv_sge {
@@ -145,7 +152,11 @@ impl RdmaEndpoint {
             let Some(off) = self.layout.send_offset(w.slot) else {
                 return reject(VerbsError::Invalid {
                     field: "slot",
-                    why: format!("send slot {} of {}", w.slot, self.attrs.send_slots),
+                    why: format!(
+                        "send slot {} of {}",
+                        w.slot,
+                        self.attrs.send_slots * self.attrs.banks
+                    ),
                 });
             };
             if w.len > self.attrs.max_payload {

@@ -42,7 +42,7 @@ use super::cm::RemovalWatcher;
 use super::objects::{
     Ah, CompChannel, Context, Cq, Mr, Pd, Qp, Region, SlotLayout, TeardownLog, zeroed,
 };
-use crate::verbs::retire::{Destroy, Reaper, RetireQueue};
+use crate::verbs::retire::{Destroy, Gone, GoneSignal, Reaper, RetireQueue};
 use crate::verbs::{
     AhHandle, AsyncEvent, Completion, CqKind, Endpoint, EndpointAttrs, EndpointConfig, Gid,
     PostRecvError, PostSendError, RecvWr, SendWr, VerbsError, WaitFds,
@@ -70,6 +70,9 @@ struct Retired {
     /// CQs the QP was created on that `recreate_cq` replaced and the device would not
     /// destroy while the QP used them: they go after it.
     abandoned: Vec<Cq>,
+    /// For a QP whose slots wait for it to go ([`Endpoint::restart_deferring_old`]):
+    /// dropped as soon as the QP is destroyed, before its CQs.
+    gone: Option<GoneSignal>,
 }
 
 // SAFETY: the QP and CQs are owned by this value alone and libibverbs objects may be
@@ -85,6 +88,9 @@ impl Destroy for Retired {
         let start = Instant::now();
         let qp = self.qp.close();
         let qp_ms = start.elapsed().as_secs_f64() * 1e3;
+        // The QP writes into no slot any more (destroyed, or forgotten after a failed
+        // destroy): whoever waits for its slots may reap them now.
+        drop(self.gone.take());
         // No event of the old CQs is left unacknowledged: `take_cq_events_of`
         // acknowledges the events of any CQ at once, and the kernel drops unread ones.
         let recv = self.recv_cq.close();
@@ -100,6 +106,10 @@ impl Destroy for Retired {
         );
         qp.and(recv).and(send).and(abandoned)
     }
+
+    fn awaited(&self) -> bool {
+        self.gone.is_some()
+    }
 }
 
 impl Retired {
@@ -114,6 +124,19 @@ impl Retired {
         !ptr.is_null()
             && (mine.contains(&ptr) || self.abandoned.iter().any(|cq| cq.as_ptr().cast() == ptr))
     }
+}
+
+/// What a renewal does with the QP it replaces (see [`Endpoint::restart`] and the two
+/// after it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Old {
+    /// Retired with its CQs for the grace.
+    Retire,
+    /// Destroyed before the renewal returns; its CQs retired for
+    /// [`crate::verbs::retire::CQ_GRACE`].
+    Destroy,
+    /// Retired with its CQs due at once, with a [`Gone`] for the caller.
+    Defer,
 }
 
 /// A UD QP in RTS on its own two CQs, made ahead of a renewal by `prepare_spare` and not used
@@ -449,7 +472,7 @@ impl Endpoint for RdmaEndpoint {
     }
 
     fn restart(&mut self) -> Result<(), VerbsError> {
-        self.restart_queues(false)
+        self.restart_queues(Old::Retire).map(drop)
     }
 
     fn recreate_cq(&mut self, cq: CqKind) -> Result<crate::verbs::CqRecreated, VerbsError> {
@@ -457,7 +480,12 @@ impl Endpoint for RdmaEndpoint {
     }
 
     fn restart_destroying_old(&mut self) -> Result<(), VerbsError> {
-        self.restart_queues(true)
+        self.restart_queues(Old::Destroy).map(drop)
+    }
+
+    fn restart_deferring_old(&mut self) -> Result<Gone, VerbsError> {
+        self.restart_queues(Old::Defer)
+            .map(|gone| gone.unwrap_or_else(Gone::already))
     }
 
     fn prepare_spare(&mut self) -> Result<(), VerbsError> {

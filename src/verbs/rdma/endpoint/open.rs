@@ -34,6 +34,12 @@ impl RdmaEndpoint {
                 why: "must be at least 1".into(),
             });
         }
+        if !(1..=2).contains(&cfg.banks) {
+            return Err(VerbsError::Invalid {
+                field: "banks",
+                why: format!("{} banks of slots: 1 or 2", cfg.banks),
+            });
+        }
         if cfg.port == 0 {
             return Err(VerbsError::BadPort {
                 device: cfg.device.clone(),
@@ -67,7 +73,20 @@ impl RdmaEndpoint {
             }
             Some(p) => p,
         };
-        let layout = SlotLayout::new(cfg.recv_slots, cfg.send_slots, max_payload)?;
+        // Every bank's slots in the one region and MR: bank `b`'s receive slots are the
+        // `b`-th run of `recv_slots`, its send slots the `b`-th run of `send_slots`.
+        let too_many = || VerbsError::Invalid {
+            field: "recv_slots/send_slots",
+            why: format!(
+                "{} banks of {} receive and {} send slots do not fit",
+                cfg.banks, cfg.recv_slots, cfg.send_slots
+            ),
+        };
+        let layout = SlotLayout::new(
+            cfg.recv_slots.checked_mul(cfg.banks).ok_or_else(too_many)?,
+            cfg.send_slots.checked_mul(cfg.banks).ok_or_else(too_many)?,
+            max_payload,
+        )?;
         let recv_sge_len = u32::try_from(layout.recv_len).map_err(|_| VerbsError::Invalid {
             field: "mtu",
             why: "receive slot exceeds 4 GiB".into(),
@@ -117,12 +136,14 @@ impl RdmaEndpoint {
             } else {
                 caps.max_inline_data
             },
+            banks: cfg.banks,
         };
         tracing::info!(
             device = %attrs.device, port = attrs.port, qpn = attrs.qpn, gid = %attrs.gid,
             gid_index = attrs.gid_index, gid_type = ?gid.gid_type, grh = ?attrs.grh_kind,
             mtu = attrs.port_mtu, max_payload = attrs.max_payload,
-            max_inline = attrs.max_inline, removal_watcher = watcher.is_some(),
+            max_inline = attrs.max_inline, banks = attrs.banks, registered_bytes = total,
+            removal_watcher = watcher.is_some(),
             "verbs endpoint open"
         );
         let send_n = usize::try_from(cfg.send_slots).unwrap_or(usize::MAX);
@@ -307,6 +328,7 @@ mod tests {
             qkey: 1,
             recv_slots: 8,
             send_slots: 8,
+            banks: 1,
             max_payload: None,
         };
         let addr: std::net::SocketAddr = "198.18.0.1:0".parse().unwrap();

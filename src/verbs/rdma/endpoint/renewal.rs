@@ -11,10 +11,10 @@ use super::super::device;
 use super::super::objects::{Cq, ret_errno};
 use super::multicast::detach_raw;
 use super::open::grh_kind;
-use super::{Queues, RdmaEndpoint, Retired, raw_gid};
+use super::{Old, Queues, RdmaEndpoint, Retired, raw_gid};
 #[cfg(doc)]
 use crate::verbs::Endpoint;
-use crate::verbs::retire;
+use crate::verbs::retire::{self, Gone};
 use crate::verbs::{CqKind, Gid, VerbsError};
 
 impl RdmaEndpoint {
@@ -49,9 +49,11 @@ impl RdmaEndpoint {
     /// `prepare_spare` prepared, if it did.
     /// On any failure before the swap nothing changes; a failed destroy of the old objects is logged, counted and returned (the
     /// object is forgotten, the new ones are in place).
-    /// With `destroy_old`, the old QP is destroyed here, before returning, instead of
+    /// With [`Old::Destroy`], the old QP is destroyed here, before returning, instead of
     /// being retired (see [`Endpoint::restart_destroying_old`]); its CQs are retired.
-    pub(super) fn restart_queues(&mut self, destroy_old: bool) -> Result<(), VerbsError> {
+    /// With [`Old::Defer`], it is retired due at once and the [`Gone`] returned says
+    /// when it is destroyed ([`Endpoint::restart_deferring_old`]).
+    pub(super) fn restart_queues(&mut self, mode: Old) -> Result<Option<Gone>, VerbsError> {
         if let Some(ev) = self.lost {
             return Err(VerbsError::RenewRefused(format!(
                 "the device was lost ({ev:?})"
@@ -146,40 +148,52 @@ impl RdmaEndpoint {
             );
         }
         mark(4);
-        if destroy_old {
-            // The old QP may still own slots that are about to be re-posted: it goes now.
-            // This runs on the supervisor's thread (a restart), never on the poller's.
-            // Its CQs, never polled, go to the reaper, due shortly after the restart
-            // (`retire::CQ_GRACE`): with the QP gone nothing completes into them, and
-            // their destroys (1-11 ms each restart under load in the lab) leave the
-            // restart's critical path.
-            let mut old = Retired {
-                qp: old_qp,
-                recv_cq: old_recv,
-                send_cq: old_send,
-                abandoned: abandoned_cqs,
-            };
-            keep(old.qp.close());
-            mark(5);
-            keep(
-                self.retired
-                    .retire_for(Instant::now(), retire::CQ_GRACE, old),
-            );
-            mark(6);
-        } else {
-            // The old QP (in the error state with every WR flushed, in no group, never
-            // polled again) and its CQs are destroyed later, by the reaper, once their
-            // grace is over: off the restart's critical path and off the poller thread,
-            // and after rxe has let go of the QP's packets.
-            keep(self.retired.retire(
-                Instant::now(),
-                Retired {
-                    qp: old_qp,
-                    recv_cq: old_recv,
-                    send_cq: old_send,
-                    abandoned: abandoned_cqs,
-                },
-            ));
+        let mut old = Retired {
+            qp: old_qp,
+            recv_cq: old_recv,
+            send_cq: old_send,
+            abandoned: abandoned_cqs,
+            gone: None,
+        };
+        let mut gone = None;
+        match mode {
+            Old::Destroy => {
+                // The old QP may still own slots that are about to be re-posted: it goes
+                // now. This runs on the supervisor's thread (a restart), never on the
+                // poller's. Its CQs, never polled, go to the reaper, due shortly after
+                // the restart (`retire::CQ_GRACE`): with the QP gone nothing completes
+                // into them, and their destroys (1-11 ms each restart under load in the
+                // lab) leave the restart's critical path.
+                keep(old.qp.close());
+                mark(5);
+                keep(
+                    self.retired
+                        .retire_for(Instant::now(), retire::CQ_GRACE, old),
+                );
+                mark(6);
+            }
+            Old::Defer => {
+                // The old QP may still own slots, which nobody re-posts until it is gone
+                // (the caller posts the new QP's from another bank). The caller destroys
+                // it when its new epoch runs (`Reaper::reap_awaited`), and waits for the
+                // `Gone`; the reaper thread only if it is still here a `CQ_GRACE` later.
+                // Not due at once: the reaper thread would then destroy it in the middle
+                // of the restart, competing with it for the CPU.
+                let (signal, waiter) = retire::gone_pair();
+                old.gone = Some(signal);
+                gone = Some(waiter);
+                keep(
+                    self.retired
+                        .retire_for(Instant::now(), retire::CQ_GRACE, old),
+                );
+            }
+            Old::Retire => {
+                // The old QP (in the error state with every WR flushed, in no group, never
+                // polled again) and its CQs are destroyed later, by the reaper, once
+                // their grace is over: off the restart's critical path and off the poller
+                // thread, and after rxe has let go of the QP's packets.
+                keep(self.retired.retire(Instant::now(), old));
+            }
         }
         self.recvs_in_flight = 0;
         self.sends_in_flight = 0;
@@ -198,13 +212,13 @@ impl RdmaEndpoint {
             cqs_retired_ms,
         ] = marks;
         tracing::debug!(
-            device = %self.attrs.device, old_qpn, qpn = self.attrs.qpn, spare_used,
+            device = %self.attrs.device, old_qpn, qpn = self.attrs.qpn, spare_used, old = ?mode,
             prev_ms, port_ms, queues_ms, attach_ms, detach_ms, qp_destroyed_ms, cqs_retired_ms,
             "verbs endpoint renewed: new QP and CQs, context, PD, MR and channel kept \
              (ms since the start of the renewal at the end of each step)"
         );
         match first {
-            None => Ok(()),
+            None => Ok(gone),
             Some(e) => Err(e),
         }
     }

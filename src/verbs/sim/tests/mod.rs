@@ -40,6 +40,7 @@ pub(crate) fn cfg_qkey(device: &str, qkey: u32) -> EndpointConfig {
         recv_slots: 16,
         send_slots: 16,
         max_payload: None,
+        banks: 1,
     }
 }
 
