@@ -765,6 +765,11 @@ def recovery(a):
     if not all(h["ledger_balanced"] for h in hist):
         bad.append("a ledger did not balance")
     session = None
+    if getattr(a, "load", "tcp") == "udp":
+        session = recovery_udp(out, hist, L, bad)
+        L.append("RESULT: " + ("OK" if not bad else "FAILED: " + "; ".join(bad)))
+        rep = {"faults": n, "load": "udp", "restarts": hist, "iperf3": session}
+        return finish(out, "recovery", "recovery-report.txt", "recovery-report.json", "\n".join(L) + "\n", rep, not bad, bad)
     try:
         crc = open(os.path.join(out, "recovery-iperf3-client.rc")).read().strip()
         j = json.load(open(os.path.join(out, "recovery-iperf3-client.json")))
@@ -777,6 +782,7 @@ def recovery(a):
         L.append(f"iperf3 TCP session: exit {crc}, {bps:.1f} Mbit/s received, {zero} one-second intervals with no data")
         if retx is not None and hist:
             L.append(f"TCP retransmits in the session: {retx} ({retx / len(hist):.0f} per restart)")
+        session.update(lost_where(out, L, len(hist)))
         if crc != "0":
             bad.append("the TCP session broke")
     except Exception as e:
@@ -784,3 +790,74 @@ def recovery(a):
     L.append("RESULT: " + ("OK" if not bad else "FAILED: " + "; ".join(bad)))
     rep = {"faults": n, "restarts": hist, "iperf3": session}
     return finish(out, "recovery", "recovery-report.txt", "recovery-report.json", "\n".join(L) + "\n", rep, not bad, bad)
+
+
+# The first seconds of the UDP stream, before any failure is injected (the guest waits 5 s
+# after the stream starts): their loss is the stream's own, without restarts.
+UDP_BASELINE_S = 4.0
+
+
+def lost_where(out, L, restarts):
+    """Where packets from b went missing over the recovery run: the failed QPs' slots on a
+    (a's rxe placed them, no completion was ever polled: the restarts' own loss), b's TAP
+    queue (b's daemon read too slowly) or a's rxe."""
+    sa, _ = read_json(os.path.join(out, "recovery-stats-a.json"))
+    sb, _ = read_json(os.path.join(out, "recovery-stats-b.json"))
+    if not (sa and sb):
+        return {}
+    rxe = (sa.get("kernel") or {}).get("port") or {}
+    in_failed = rxe.get("rdma_recvs", 0) - sa.get("recv_completed", 0)
+    b_tap = ((sb.get("kernel") or {}).get("tap") or {}).get("tx_dropped")
+    a_rxe = rxe.get("rcvd_pkts", 0) - rxe.get("rdma_recvs", 0)
+    per = f" ({in_failed / restarts:.1f} per restart)" if restarts else ""
+    L.append(f"  where: {in_failed} placed by a's rxe in the failed QPs' slots, never completed{per}; "
+             f"{b_tap} dropped by b's TAP (queue full); {a_rxe} dropped by a's rxe")
+    return {"in_failed_qps": in_failed, "b_tap_dropped": b_tap, "a_rxe_dropped": a_rxe}
+
+
+def recovery_udp(out, hist, L, bad):
+    """The UDP load of `scripts/perf recovery`: the receiver's datagrams lost over the
+    session, in its first UDP_BASELINE_S seconds (no restart yet) and after, per restart."""
+    try:
+        crc = open(os.path.join(out, "recovery-iperf3-client.rc")).read().strip()
+        j = json.load(open(os.path.join(out, "recovery-iperf3-server.json")))
+        ivs = [i["sum"] for i in j["intervals"]]
+        lost = sum(i["lost_packets"] for i in ivs)
+        packets = sum(i["packets"] for i in ivs)
+        base = [i for i in ivs if i["end"] <= UDP_BASELINE_S + 0.05]
+        base_lost = sum(i["lost_packets"] for i in base)
+        base_s = max([i["end"] for i in base] + [0.0])
+        rest_lost = lost - base_lost
+        secs = ivs[-1]["end"] if ivs else 0.0
+        rate = packets / secs if secs else 0.0
+        # The restarts detected while the stream ran (its start is known to the second).
+        t0 = j["start"]["timestamp"]["timesecs"]
+        during = [h for h in hist if t0 <= h["detected_unix_ms"] / 1e3 <= t0 + secs]
+        per = rest_lost / len(during) if during else None
+        session = {"exit": crc, "packets": packets, "lost_packets": lost, "baseline_seconds": base_s,
+                   "baseline_lost": base_lost, "lost_after_baseline": rest_lost, "lost_per_restart": per,
+                   "datagrams_per_second": rate}
+        L.append(f"iperf3 UDP session: exit {crc}, {packets} datagrams in {secs:.1f} s ({rate:.0f}/s), {lost} lost; "
+                 f"{len(during)} of the {len(hist)} restarts during it")
+        if len(during) != len(hist):
+            bad.append(f"{len(hist) - len(during)} restarts outside the UDP stream")
+        L.append(f"  lost in the first {base_s:.1f} s, before any failure: {base_lost}")
+        if per is not None:
+            L.append(f"  lost after it: {rest_lost}, {per:.1f} per restart")
+        session["restarts_during"] = len(during)
+        rec = [h["recovery_ms"] for h in during]
+        ann = [h["announced_ms"] for h in during if "announced_ms" in h]
+        session.update(lost_where(out, L, len(during)))
+        if ann:
+            # What the window alone predicts: the sender's rate times detection to announcement.
+            pred = rate * statistics.mean(ann) / 1e3
+            L.append(f"  predicted by the window (rate x mean detection to announcement {statistics.mean(ann):.1f} ms): "
+                     f"{pred:.1f} per restart; by the recovery (mean {statistics.mean(rec):.1f} ms): {rate * statistics.mean(rec) / 1e3:.1f}")
+            session["predicted_per_restart_announced"] = pred
+        if crc != "0":
+            bad.append("the UDP stream failed")
+        return session
+    except Exception as e:
+        bad.append(f"no iperf3 UDP result ({e})")
+        return None
+
