@@ -84,6 +84,31 @@ fn a_gid_change_restarts_only_when_our_gid_changed() {
 }
 
 #[test]
+fn a_restart_that_keeps_the_device_leaves_the_carrier_on_and_carries_what_waited() {
+    let (_sim, switch, a, b) = pair(Policy::default());
+    switch.arm_poll_error_n(-5, 1);
+    poke(&a, &b);
+    let s = a.wait_state("running", 1);
+    let r = s.history.last().unwrap();
+    assert!(r.cause == "poll-failed" && r.kept_device, "{r:?}");
+    assert_eq!(
+        a.tap.carrier_offs.load(Ordering::SeqCst),
+        0,
+        "the carrier went off for a restart that kept the device"
+    );
+    assert!(a.tap.carrier.load(Ordering::SeqCst));
+    flows(&a, A_IP, &b, B_IP, 1);
+    flows(&b, B_IP, &a, A_IP, 2);
+    // A device loss reopens from scratch: the carrier goes off meanwhile.
+    switch.inject_async(AsyncEvent::DeviceRemoved);
+    a.wait_state("running", 2);
+    assert!(a.tap.carrier_offs.load(Ordering::SeqCst) >= 1);
+    assert!(a.tap.carrier.load(Ordering::SeqCst));
+    a.end();
+    b.end();
+}
+
+#[test]
 fn a_panicking_poller_is_a_restart_from_scratch_with_the_ledger_lost() {
     let (_sim, switch, a, b) = pair(Policy::default());
     let (opens, endpoint_restarts) = (switch.opens(), switch.endpoint_restarts());

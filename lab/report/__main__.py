@@ -37,7 +37,7 @@ Usage: python3 lab/report KIND OUTDIR [options]   (the entry points call it)
   perf-host OUTDIR REPS
       `scripts/perf host`: uipoib sim-pair against tapcopy. Writes report.{txt,json}.
       Exit 1 if a measurement is missing.
-  recovery OUTDIR FAULTS [tcp|udp]
+  recovery OUTDIR FAULTS [tcp|tcp-reverse|udp]
       `scripts/perf recovery`: recovery times of the injected poll failures, and what
       the load (iperf3 TCP, or UDP: datagrams lost per restart) lost over them. Writes
       recovery-report.{txt,json}. Exit 1 if the session broke, a ledger did not balance
@@ -92,7 +92,7 @@ def main():
     kind("perf-host", perf_host).add_argument("reps", type=int)
     p = kind("recovery", recovery)
     p.add_argument("faults", type=int)
-    p.add_argument("load", nargs="?", default="tcp", choices=["tcp", "udp"])
+    p.add_argument("load", nargs="?", default="tcp", choices=["tcp", "tcp-reverse", "udp"])
     p = kind("trace", trace)
     p.add_argument("--vm-rc", type=int)
     p.add_argument("--tap")

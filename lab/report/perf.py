@@ -779,8 +779,18 @@ def recovery(a):
         # (none otherwise in this lab), what the restarts cost the TCP session.
         retx = (j["end"].get("sum_sent") or {}).get("retransmits")
         session = {"exit": crc, "mbit_per_s": bps, "zero_intervals": zero, "retransmits": retx}
-        L.append(f"iperf3 TCP session: exit {crc}, {bps:.1f} Mbit/s received, {zero} one-second intervals with no data")
-        if retx is not None and hist:
+        who = "a sends, b receives" if getattr(a, "load", "tcp") == "tcp-reverse" else "b sends, a receives"
+        L.append(f"iperf3 TCP session ({who}): exit {crc}, {bps:.1f} Mbit/s received, {zero} one-second intervals with no data")
+        # The sending guest's own count (iperf3 reports the client's side only: nothing
+        # for a sending server, under -R).
+        sender = "a" if getattr(a, "load", "tcp") == "tcp-reverse" else "b"
+        kretx = snmp_delta(out, sender, "Tcp", "RetransSegs")
+        if kretx is not None:
+            session["sender_retrans_segs"] = kretx
+            retx = kretx
+            L.append(f"TCP segments retransmitted by the sender ({sender}'s RetransSegs): {kretx}"
+                     + (f" ({kretx / len(hist):.0f} per restart)" if hist else ""))
+        elif retx is not None and hist:
             L.append(f"TCP retransmits in the session: {retx} ({retx / len(hist):.0f} per restart)")
         session.update(lost_where(out, L, len(hist)))
         if crc != "0":
@@ -788,13 +798,32 @@ def recovery(a):
     except Exception as e:
         bad.append(f"no iperf3 result ({e})")
     L.append("RESULT: " + ("OK" if not bad else "FAILED: " + "; ".join(bad)))
-    rep = {"faults": n, "restarts": hist, "iperf3": session}
+    rep = {"faults": n, "load": getattr(a, "load", "tcp"), "restarts": hist, "iperf3": session}
     return finish(out, "recovery", "recovery-report.txt", "recovery-report.json", "\n".join(L) + "\n", rep, not bad, bad)
 
 
 # The first seconds of the UDP stream, before any failure is injected (the guest waits 5 s
 # after the stream starts): their loss is the stream's own, without restarts.
 UDP_BASELINE_S = 4.0
+
+
+def snmp_delta(out, role, proto, field):
+    """`proto`'s counter `field` in guest `role`'s /proc/net/snmp over the session (the
+    copies taken before and after it), or None."""
+    def read(when):
+        try:
+            lines = open(os.path.join(out, f"recovery-snmp-{when}-{role}.txt")).read().splitlines()
+        except OSError:
+            return None
+        rows = [ln.split()[1:] for ln in lines if ln.startswith(proto + ":")]
+        if len(rows) < 2:
+            return None
+        return dict(zip(rows[0], rows[1]))
+    b, e = read("before"), read("after")
+    try:
+        return int(e[field]) - int(b[field])
+    except (TypeError, KeyError, ValueError):
+        return None
 
 
 def lost_where(out, L, restarts):

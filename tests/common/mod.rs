@@ -70,6 +70,8 @@ pub struct SockTap {
     ours: UnixDatagram,
     theirs: UnixDatagram,
     pub carrier: std::sync::atomic::AtomicBool,
+    /// How many times the carrier was turned off.
+    pub carrier_offs: std::sync::atomic::AtomicU32,
     pub reconfigured: Mutex<Option<(Mac, usize)>>,
 }
 
@@ -84,6 +86,7 @@ impl SockTap {
             ours,
             theirs,
             carrier: std::sync::atomic::AtomicBool::new(true),
+            carrier_offs: std::sync::atomic::AtomicU32::new(0),
             reconfigured: Mutex::new(None),
         })
     }
@@ -119,6 +122,10 @@ impl TapDevice for SockTap {
     }
     fn set_carrier(&self, on: bool) -> io::Result<()> {
         self.carrier.store(on, std::sync::atomic::Ordering::SeqCst);
+        if !on {
+            self.carrier_offs
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
         Ok(())
     }
     fn reconfigure(&self, mac: Mac, mtu: usize) -> Result<(), uipoib::tap::TapError> {

@@ -2,7 +2,9 @@
 //! (like [`crate::iface::napi`]): events and `now` go in, [`Action`]s come out, and the
 //! supervisor thread (`crate::runtime::supervisor`) performs them and reports back.
 //!
-//! One restart, in order: the carrier off; the failed epoch torn down ([`Action::Close`]:
+//! One restart, in order: the carrier off if the device is reopened from scratch (a
+//! restart that keeps it leaves the carrier on: the TAP holds what the kernel sends
+//! meanwhile, for the next epoch; any wait turns it off); the failed epoch torn down ([`Action::Close`]:
 //! drained and its endpoint kept, only the QP and CQs renewed; or, for a lost device,
 //! closed at once, nothing drained; after a failed poll nothing of that epoch is polled
 //! again, so there is no drain and the old QP is destroyed first); the breaker asked;
@@ -330,8 +332,10 @@ impl Recovery {
                 },
                 Event::OpenFailed { on_kept: true, .. },
             ) => {
-                // The kept endpoint is closed: the same attempt opens the device.
+                // The kept endpoint is closed: the same attempt opens the device, carrier
+                // off meanwhile.
                 self.kept = false;
+                acts.push(Action::CarrierOff);
                 self.stage = Stage::Opening {
                     on_kept: false,
                     attempt_at,
@@ -468,13 +472,18 @@ impl Recovery {
         wall_ms: u64,
         acts: &mut Vec<Action>,
     ) {
-        acts.push(Action::CarrierOff);
+        let lost = matches!(cause, Failure::PollerPanicked(_));
+        let device_lost = cause.device_lost();
+        // The carrier stays on through a restart that keeps the device (the TAP holds
+        // what the kernel sends meanwhile, and the next epoch carries it); it goes off
+        // when the device is reopened from scratch, and before any wait.
+        if lost || device_lost {
+            acts.push(Action::CarrierOff);
+        }
         acts.push(Action::Status(State::Restarting));
         if now.saturating_duration_since(self.last_start) >= HEALTHY_AFTER {
             self.backoff.reset();
         }
-        let lost = matches!(cause, Failure::PollerPanicked(_));
-        let device_lost = cause.device_lost();
         self.detected = detected;
         self.record = RestartRecord {
             epoch: self.epoch.wrapping_add(1),
@@ -532,6 +541,7 @@ impl Recovery {
                         self.kept = false;
                         acts.push(Action::CloseKept);
                     }
+                    acts.push(Action::CarrierOff);
                     let why = format!(
                         "{} restarts within {:?} (last cause: {})",
                         self.policy.max_restarts + 1,
@@ -564,6 +574,7 @@ impl Recovery {
         } else {
             let until = now + delay;
             self.stage = Stage::Backoff { until };
+            acts.push(Action::CarrierOff);
             acts.push(Action::WaitUntil(until));
         }
     }

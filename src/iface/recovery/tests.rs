@@ -86,13 +86,16 @@ fn close_act(drain: bool, keep: bool) -> Action {
     Action::Close { drain, keep }
 }
 
-/// What a failure handed over asks for: carrier off, restarting, the close.
+/// What a failure handed over asks for: restarting and the close, the carrier off first
+/// only when the endpoint is not kept (a restart that keeps it leaves the carrier on).
 fn handed_over(drain: bool, keep: bool) -> Vec<Action> {
-    vec![
-        Action::CarrierOff,
-        Action::Status(State::Restarting),
-        close_act(drain, keep),
-    ]
+    let mut acts = if keep {
+        Vec::new()
+    } else {
+        vec![Action::CarrierOff]
+    };
+    acts.extend([Action::Status(State::Restarting), close_act(drain, keep)]);
+    acts
 }
 
 fn open_failed(on_kept: bool, no_device: bool) -> Event {
@@ -287,6 +290,7 @@ fn failed_opens_back_off_doubling_and_a_healthy_period_resets_the_backoff() {
                     what: Attempt::Open,
                     log: n == 1
                 },
+                Action::CarrierOff,
                 Action::WaitUntil(c.t(now + delay))
             ],
             "attempt {n}"
@@ -312,7 +316,7 @@ fn failed_opens_back_off_doubling_and_a_healthy_period_resets_the_backoff() {
     let _ = m.handle(failed(Failure::Operator, false, c.t(again)), c.t(again), 0);
     assert_eq!(
         m.handle(Event::Closed(torn(true)), c.t(again), 0),
-        vec![Action::WaitUntil(c.t(again + 50))]
+        vec![Action::CarrierOff, Action::WaitUntil(c.t(again + 50))]
     );
     // An operator restart cuts the wait short.
     assert_eq!(
@@ -347,6 +351,7 @@ fn the_breaker_declares_the_interface_dead_until_an_operator_restart() {
     match acts.as_slice() {
         [
             Action::CloseKept,
+            Action::CarrierOff,
             Action::Dead { why: w, record },
             Action::WaitForOperator,
         ] => {
@@ -408,6 +413,7 @@ fn a_lost_device_is_closed_at_once_waited_for_and_reopened() {
             vec![
                 Action::Status(State::WaitingForDevice),
                 attempt_failed(attempts, Attempt::Open, log),
+                Action::CarrierOff,
                 Action::WaitUntil(c.t(until))
             ]
         );
@@ -450,7 +456,7 @@ fn a_device_fatal_loop_is_held_by_the_breaker_until_the_device_went_and_came_bac
     let _ = m.handle(failed(fatal(), false, c.t(now)), c.t(now), 0);
     let acts = m.handle(Event::Closed(torn(false)), c.t(now), 0);
     assert!(
-        matches!(acts.as_slice(), [Action::Dead { .. }, Action::WaitUntil(t)] if *t == c.t(now + 50)),
+        matches!(acts.as_slice(), [Action::CarrierOff, Action::Dead { .. }, Action::WaitUntil(t)] if *t == c.t(now + 50)),
         "{acts:?}"
     );
     // The device is still there: the probe's open succeeds and is closed again.
@@ -540,7 +546,7 @@ fn a_poller_that_cannot_start_is_a_failed_attempt() {
     // Backed off: the second attempt waits initial (10 ms).
     assert_eq!(
         m.handle(Event::Closed(t), c.t(3005), 0),
-        vec![Action::WaitUntil(c.t(3015))]
+        vec![Action::CarrierOff, Action::WaitUntil(c.t(3015))]
     );
     assert_eq!(m.handle(Event::Tick, c.t(3015), 0), vec![reopen(2, true)]);
     let _ = m.handle(opened(true), c.t(3016), 0);
@@ -560,7 +566,11 @@ fn a_kept_endpoint_that_cannot_be_reopened_makes_the_same_attempt_open_the_devic
     let _ = m.handle(failed(Failure::Operator, false, c.t(2000)), c.t(2000), 0);
     let _ = m.handle(Event::Closed(torn(true)), c.t(2000), 0);
     let bad_kept = open_failed(true, false);
-    assert_eq!(m.handle(bad_kept, c.t(2001), 0), vec![reopen(2, false)]);
+    assert_eq!(
+        m.handle(bad_kept, c.t(2001), 0),
+        vec![Action::CarrierOff, reopen(2, false)],
+        "the carrier goes off while the device is reopened from scratch"
+    );
     let _ = m.handle(opened(false), c.t(2002), 0);
     let r = recorded(&m.handle(started(), c.t(2003), 0));
     assert_eq!((r.failed_attempts, r.kept_device), (0, false));
