@@ -764,12 +764,17 @@ def recovery(a):
         bad.append(f"{len(hist)} restarts recorded for {n} faults")
     if not all(h["ledger_balanced"] for h in hist):
         bad.append("a ledger did not balance")
-    session = None
-    if getattr(a, "load", "tcp") == "udp":
-        session = recovery_udp(out, hist, L, bad)
-        L.append("RESULT: " + ("OK" if not bad else "FAILED: " + "; ".join(bad)))
-        rep = {"faults": n, "load": "udp", "restarts": hist, "iperf3": session}
-        return finish(out, "recovery", "recovery-report.txt", "recovery-report.json", "\n".join(L) + "\n", rep, not bad, bad)
+    load = getattr(a, "load", "tcp")
+    session = (recovery_udp if load == "udp" else recovery_tcp)(out, hist, L, bad, load)
+    L.append("RESULT: " + ("OK" if not bad else "FAILED: " + "; ".join(bad)))
+    rep = {"faults": n, "load": load, "restarts": hist, "iperf3": session}
+    return finish(out, "recovery", "recovery-report.txt", "recovery-report.json", "\n".join(L) + "\n", rep, not bad, bad)
+
+
+def recovery_tcp(out, hist, L, bad, load):
+    """The TCP loads of `scripts/perf recovery` (`tcp`: b sends to a, the side that fails;
+    `tcp-reverse`: a sends): the session's rate and whether it survived, the sender's
+    retransmits, and where b's packets went missing."""
     try:
         crc = open(os.path.join(out, "recovery-iperf3-client.rc")).read().strip()
         j = json.load(open(os.path.join(out, "recovery-iperf3-client.json")))
@@ -779,15 +784,14 @@ def recovery(a):
         # (none otherwise in this lab), what the restarts cost the TCP session.
         retx = (j["end"].get("sum_sent") or {}).get("retransmits")
         session = {"exit": crc, "mbit_per_s": bps, "zero_intervals": zero, "retransmits": retx}
-        who = "a sends, b receives" if getattr(a, "load", "tcp") == "tcp-reverse" else "b sends, a receives"
+        sender = "a" if load == "tcp-reverse" else "b"
+        who = "a sends, b receives" if sender == "a" else "b sends, a receives"
         L.append(f"iperf3 TCP session ({who}): exit {crc}, {bps:.1f} Mbit/s received, {zero} one-second intervals with no data")
         # The sending guest's own count (iperf3 reports the client's side only: nothing
         # for a sending server, under -R).
-        sender = "a" if getattr(a, "load", "tcp") == "tcp-reverse" else "b"
         kretx = snmp_delta(out, sender, "Tcp", "RetransSegs")
         if kretx is not None:
             session["sender_retrans_segs"] = kretx
-            retx = kretx
             L.append(f"TCP segments retransmitted by the sender ({sender}'s RetransSegs): {kretx}"
                      + (f" ({kretx / len(hist):.0f} per restart)" if hist else ""))
         elif retx is not None and hist:
@@ -795,11 +799,10 @@ def recovery(a):
         session.update(lost_where(out, L, len(hist)))
         if crc != "0":
             bad.append("the TCP session broke")
+        return session
     except Exception as e:
         bad.append(f"no iperf3 result ({e})")
-    L.append("RESULT: " + ("OK" if not bad else "FAILED: " + "; ".join(bad)))
-    rep = {"faults": n, "load": getattr(a, "load", "tcp"), "restarts": hist, "iperf3": session}
-    return finish(out, "recovery", "recovery-report.txt", "recovery-report.json", "\n".join(L) + "\n", rep, not bad, bad)
+        return None
 
 
 # The first seconds of the UDP stream, before any failure is injected (the guest waits 5 s
@@ -844,7 +847,7 @@ def lost_where(out, L, restarts):
     return {"in_failed_qps": in_failed, "b_tap_dropped": b_tap, "a_rxe_dropped": a_rxe}
 
 
-def recovery_udp(out, hist, L, bad):
+def recovery_udp(out, hist, L, bad, load="udp"):
     """The UDP load of `scripts/perf recovery`: the receiver's datagrams lost over the
     session, in its first UDP_BASELINE_S seconds (no restart yet) and after, per restart."""
     try:

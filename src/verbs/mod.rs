@@ -192,6 +192,20 @@ pub struct EndpointConfig {
     pub banks: u32,
 }
 
+impl EndpointConfig {
+    /// `banks` is 1 or 2 (every provider checks it before it sizes its memory).
+    pub(crate) fn check_banks(&self) -> Result<(), VerbsError> {
+        if (1..=2).contains(&self.banks) {
+            Ok(())
+        } else {
+            Err(VerbsError::Invalid {
+                field: "banks",
+                why: format!("{} banks of slots: 1 or 2", self.banks),
+            })
+        }
+    }
+}
+
 /// What an opened endpoint is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EndpointAttrs {

@@ -131,6 +131,20 @@ impl<T> Retirement<T> {
     }
 }
 
+/// What a renewal does with the QP it replaces, one per renewal of
+/// [`crate::verbs::Endpoint`] (`restart`, `restart_destroying_old`,
+/// `restart_deferring_old`); the providers share it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OldQp {
+    /// Retired with its CQs for the grace.
+    Retire,
+    /// Destroyed before the renewal returns; its CQs retired for [`CQ_GRACE`].
+    Destroy,
+    /// Retired with its CQs, for the caller to destroy when it chooses
+    /// ([`Reaper::reap_awaited`]; due [`CQ_GRACE`] later for the reaper), with a [`Gone`].
+    Defer,
+}
+
 /// A retired object: destroying it may block.
 pub trait Destroy: Send {
     /// Destroy it. A failure is logged and counted by the provider, and returned.
@@ -241,17 +255,18 @@ impl<T: Destroy> RetireQueue<T> {
         }
         first.map_or(Ok(()), Err)
     }
-}
 
-impl<T: Destroy> Reaper for RetireQueue<T> {
-    fn reap_due(&self, now: Instant) -> usize {
+    /// Destroy what `take` takes out of the list, one item at a time, while the queue is
+    /// open (a teardown in progress waits; after it nothing is taken); how many.
+    fn reap_with(&self, take: impl Fn(&mut Retirement<T>) -> Option<T>) -> usize {
         let open = self.open.read().unwrap_or_else(PoisonError::into_inner);
         if !*open {
             return 0;
         }
         let mut n = 0;
         loop {
-            let next = self.list().take_due(now);
+            // The list's lock is released before the destroy.
+            let next = take(&mut self.list());
             let Some(item) = next else { break };
             // Logged and counted by the provider.
             let _ = item.destroy();
@@ -260,22 +275,15 @@ impl<T: Destroy> Reaper for RetireQueue<T> {
         drop(open);
         n
     }
+}
+
+impl<T: Destroy> Reaper for RetireQueue<T> {
+    fn reap_due(&self, now: Instant) -> usize {
+        self.reap_with(|list| list.take_due(now))
+    }
 
     fn reap_awaited(&self) -> usize {
-        let open = self.open.read().unwrap_or_else(PoisonError::into_inner);
-        if !*open {
-            return 0;
-        }
-        let mut n = 0;
-        loop {
-            let next = self.list().take_first(T::awaited);
-            let Some(item) = next else { break };
-            // Logged and counted by the provider.
-            let _ = item.destroy();
-            n += 1;
-        }
-        drop(open);
-        n
+        self.reap_with(|list| list.take_first(T::awaited))
     }
 
     fn next_due(&self) -> Option<Instant> {

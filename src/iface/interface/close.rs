@@ -75,7 +75,7 @@ impl KeptEndpoint {
         let pending = self.pending.take();
         drop(self.ep);
         if let Some(p) = pending {
-            p.reap_after_close();
+            p.reap_waiting();
         }
     }
 
@@ -133,10 +133,11 @@ impl PendingBank {
         Ok(Interface::reap_ledger(&mut ledger, &stats))
     }
 
-    /// Reap it here: the QP destroyed on this thread if still there (or with its endpoint,
-    /// when that was closed), waited for at most [`PENDING_WAIT`]; a ledger that does
-    /// not balance is logged (no restart record is left to carry it).
-    pub(super) fn reap_after_close(self) {
+    /// Reap it here, for a caller that left it to its [`KeptEndpoint`]: the QP destroyed
+    /// on this thread if still there (or with its endpoint, when that was closed),
+    /// waited for at most [`PENDING_WAIT`]; a ledger that does not balance is logged (no
+    /// restart record is left to carry it).
+    pub(super) fn reap_waiting(self) {
         match self.reap(PENDING_WAIT) {
             Ok(r) => {
                 if let Err(e) = r.ledger {
@@ -364,7 +365,7 @@ impl Interface {
             self.ep.restart()
         };
         t.restart = watch.since(renew_start);
-        let kept = match renewed {
+        let mut kept = match renewed {
             Ok(()) => Some(KeptEndpoint {
                 bank: if gone.is_some() {
                     1 - self.bank.min(1)
@@ -386,15 +387,10 @@ impl Interface {
         };
         t.kept = kept.is_some();
         t.destroy = watch.since(destroy_start);
-        let mut kept = kept;
         if let (Some(k), Some(gone)) = (kept.as_mut(), gone) {
-            // Flushes and gauges as for any teardown; the work requests wait for the QP.
+            // Counted as any teardown; the work requests wait for the QP.
             t.deferred = true;
-            t.flushed = stats::get(&self.stats.recv_flushed) + stats::get(&self.stats.send_flushed)
-                - flushed_before;
-            stats::add(&self.stats.teardown_errors, t.errors);
-            stats::set(&self.stats.recv_outstanding, 0);
-            stats::set(&self.stats.send_outstanding, 0);
+            Self::count_teardown(&self.stats, &mut t, flushed_before);
             k.pending = Some(PendingBank {
                 reaper: k.ep.reaper(),
                 ledger: Box::new(self.ledger),
@@ -414,11 +410,17 @@ impl Interface {
         t.sends_reaped = r.sends_reaped;
         t.reaped = r.reaped;
         t.ledger = r.ledger;
-        t.flushed =
-            stats::get(&stats.recv_flushed) + stats::get(&stats.send_flushed) - flushed_before;
         // Reaped: nothing is waiting for a completion any more.
         stats::set(&stats.recv_never_complete, 0);
         stats::set(&stats.send_never_complete, 0);
+        Self::count_teardown(stats, t, flushed_before);
+    }
+
+    /// What every teardown counts, its work requests reaped now or left pending: the
+    /// flushes it drained, its failed destroys, and nothing outstanding on this epoch.
+    fn count_teardown(stats: &Stats, t: &mut Closed, flushed_before: u64) {
+        t.flushed =
+            stats::get(&stats.recv_flushed) + stats::get(&stats.send_flushed) - flushed_before;
         stats::add(&stats.teardown_errors, t.errors);
         stats::set(&stats.recv_outstanding, 0);
         stats::set(&stats.send_outstanding, 0);

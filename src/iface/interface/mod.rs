@@ -383,7 +383,7 @@ impl Interface {
                 if let Some(p) = kept.take_pending() {
                     // The caller left the failed QP's bank here: it is reaped before
                     // anything else opens on this endpoint.
-                    p.reap_after_close();
+                    p.reap_waiting();
                 }
                 let r = Self::on_endpoint(
                     kept.ep,

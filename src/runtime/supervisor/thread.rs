@@ -42,7 +42,8 @@ const PENDING_BOUND: Duration = Duration::from_secs(10);
 struct Settled {
     reaped: u64,
     sends_reaped: u64,
-    balanced: bool,
+    /// A reap found its ledger unbalanced.
+    unbalanced: bool,
     took: Duration,
 }
 
@@ -476,13 +477,10 @@ impl SupervisorThread {
                     tracing::error!(iface = %self.s.name, error = %e, "ledger of the failed QP's bank does not balance after the reap");
                     self.last_ledger = r.ledger.clone();
                 }
-                let s = self.settled.get_or_insert(Settled {
-                    balanced: true,
-                    ..Settled::default()
-                });
+                let s = self.settled.get_or_insert_default();
                 s.reaped += r.reaped;
                 s.sends_reaped += r.sends_reaped;
-                s.balanced &= r.ledger.is_ok();
+                s.unbalanced |= r.ledger.is_err();
                 s.took += start.elapsed();
                 true
             }
@@ -500,7 +498,7 @@ impl SupervisorThread {
             record.deferred_reap = true;
             record.wr_reaped += s.reaped;
             record.sends_reaped += s.sends_reaped;
-            record.ledger_balanced &= s.balanced;
+            record.ledger_balanced &= !s.unbalanced;
             record.phases.bank_reap_ms += ms(s.took);
         }
     }
@@ -614,7 +612,7 @@ impl SupervisorThread {
         if !self.settle_pending(PENDING_BOUND) {
             self.pending = None;
             self.last_ledger = Err("the failed QP of the last restart was never destroyed: its work requests cannot be accounted for".into());
-        } else if self.settled.as_ref().is_some_and(|s| !s.balanced) {
+        } else if self.settled.as_ref().is_some_and(|s| s.unbalanced) {
             self.last_ledger = Err("the failed QP's bank did not balance after its reap".into());
         }
         // The reaper thread ends once told (after a destroy in progress, if any).

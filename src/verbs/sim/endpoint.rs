@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use crate::verbs::retire::{Destroy, Gone, Reaper, gone_pair};
+use crate::verbs::retire::{Destroy, Gone, OldQp, Reaper, gone_pair};
 use crate::verbs::{
     AhHandle, AsyncEvent, Completion, CqKind, Endpoint, EndpointAttrs, Gid, PostSendError,
     SEND_HEADROOM, SEND_TAILROOM, SendWr, VerbsError, WaitFds, WcStatus,
@@ -433,8 +433,9 @@ impl Endpoint for SimEndpoint {
         self.restart_qp(OldQp::Destroy).map(drop)
     }
     /// The old QP leaves the fabric at once, as in every renewal here (nothing reaches
-    /// it), but its "destroy" waits for the reaper, due at once: the caller's wait for
-    /// the [`Gone`] and its deferred reap run as they do over a real device.
+    /// it), but its "destroy" waits for the caller (or the reaper, `CQ_GRACE` later):
+    /// the caller's wait for the [`Gone`] and its deferred reap run as they do over a
+    /// real device.
     fn restart_deferring_old(&mut self) -> Result<Gone, VerbsError> {
         self.restart_qp(OldQp::Defer)
             .map(|g| g.unwrap_or_else(Gone::already))
@@ -459,7 +460,7 @@ impl SimEndpoint {
     /// old QP leaves the fabric, and what was posted on it never completes.
     /// With [`OldQp::Destroy`], the old QP is destroyed here (recorded on this thread,
     /// at once) instead of being retired for its grace; with [`OldQp::Defer`] it is
-    /// retired due at once, and the [`Gone`] returned says when it is destroyed.
+    /// retired for the caller to destroy, and the [`Gone`] returned says when it is.
     fn restart_qp(&mut self, mode: OldQp) -> Result<Option<Gone>, VerbsError> {
         let mut topo = write(&self.fabric.topo);
         let dev = &topo.devices[self.qp.device];
@@ -515,14 +516,6 @@ impl SimEndpoint {
             .fetch_add(1, Ordering::Relaxed);
         Ok(gone)
     }
-}
-
-/// What a renewal does with the QP it replaces.
-#[derive(Clone, Copy)]
-enum OldQp {
-    Retire,
-    Destroy,
-    Defer,
 }
 
 impl Drop for SimEndpoint {

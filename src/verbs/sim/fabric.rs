@@ -287,12 +287,7 @@ impl Provider for SimFabric {
                     dev.gids.len()
                 ),
             })?;
-        if !(1..=2).contains(&cfg.banks) {
-            return Err(VerbsError::Invalid {
-                field: "banks",
-                why: format!("{} banks of slots: 1 or 2", cfg.banks),
-            });
-        }
+        cfg.check_banks()?;
         for (field, v) in [
             ("recv_slots", cfg.recv_slots),
             ("send_slots", cfg.send_slots),

@@ -42,7 +42,7 @@ use super::cm::RemovalWatcher;
 use super::objects::{
     Ah, CompChannel, Context, Cq, Mr, Pd, Qp, Region, SlotLayout, TeardownLog, zeroed,
 };
-use crate::verbs::retire::{Destroy, Gone, GoneSignal, Reaper, RetireQueue};
+use crate::verbs::retire::{Destroy, Gone, GoneSignal, OldQp, Reaper, RetireQueue};
 use crate::verbs::{
     AhHandle, AsyncEvent, Completion, CqKind, Endpoint, EndpointAttrs, EndpointConfig, Gid,
     PostRecvError, PostSendError, RecvWr, SendWr, VerbsError, WaitFds,
@@ -124,19 +124,6 @@ impl Retired {
         !ptr.is_null()
             && (mine.contains(&ptr) || self.abandoned.iter().any(|cq| cq.as_ptr().cast() == ptr))
     }
-}
-
-/// What a renewal does with the QP it replaces (see [`Endpoint::restart`] and the two
-/// after it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Old {
-    /// Retired with its CQs for the grace.
-    Retire,
-    /// Destroyed before the renewal returns; its CQs retired for
-    /// [`crate::verbs::retire::CQ_GRACE`].
-    Destroy,
-    /// Retired with its CQs due at once, with a [`Gone`] for the caller.
-    Defer,
 }
 
 /// A UD QP in RTS on its own two CQs, made ahead of a renewal by `prepare_spare` and not used
@@ -472,7 +459,7 @@ impl Endpoint for RdmaEndpoint {
     }
 
     fn restart(&mut self) -> Result<(), VerbsError> {
-        self.restart_queues(Old::Retire).map(drop)
+        self.restart_queues(OldQp::Retire).map(drop)
     }
 
     fn recreate_cq(&mut self, cq: CqKind) -> Result<crate::verbs::CqRecreated, VerbsError> {
@@ -480,11 +467,11 @@ impl Endpoint for RdmaEndpoint {
     }
 
     fn restart_destroying_old(&mut self) -> Result<(), VerbsError> {
-        self.restart_queues(Old::Destroy).map(drop)
+        self.restart_queues(OldQp::Destroy).map(drop)
     }
 
     fn restart_deferring_old(&mut self) -> Result<Gone, VerbsError> {
-        self.restart_queues(Old::Defer)
+        self.restart_queues(OldQp::Defer)
             .map(|gone| gone.unwrap_or_else(Gone::already))
     }
 

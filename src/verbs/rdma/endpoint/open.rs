@@ -34,12 +34,7 @@ impl RdmaEndpoint {
                 why: "must be at least 1".into(),
             });
         }
-        if !(1..=2).contains(&cfg.banks) {
-            return Err(VerbsError::Invalid {
-                field: "banks",
-                why: format!("{} banks of slots: 1 or 2", cfg.banks),
-            });
-        }
+        cfg.check_banks()?;
         if cfg.port == 0 {
             return Err(VerbsError::BadPort {
                 device: cfg.device.clone(),

@@ -11,10 +11,10 @@ use super::super::device;
 use super::super::objects::{Cq, ret_errno};
 use super::multicast::detach_raw;
 use super::open::grh_kind;
-use super::{Old, Queues, RdmaEndpoint, Retired, raw_gid};
+use super::{Queues, RdmaEndpoint, Retired, raw_gid};
 #[cfg(doc)]
 use crate::verbs::Endpoint;
-use crate::verbs::retire::{self, Gone};
+use crate::verbs::retire::{self, Gone, OldQp};
 use crate::verbs::{CqKind, Gid, VerbsError};
 
 impl RdmaEndpoint {
@@ -49,11 +49,12 @@ impl RdmaEndpoint {
     /// `prepare_spare` prepared, if it did.
     /// On any failure before the swap nothing changes; a failed destroy of the old objects is logged, counted and returned (the
     /// object is forgotten, the new ones are in place).
-    /// With [`Old::Destroy`], the old QP is destroyed here, before returning, instead of
+    /// With [`OldQp::Destroy`], the old QP is destroyed here, before returning, instead of
     /// being retired (see [`Endpoint::restart_destroying_old`]); its CQs are retired.
-    /// With [`Old::Defer`], it is retired due at once and the [`Gone`] returned says
-    /// when it is destroyed ([`Endpoint::restart_deferring_old`]).
-    pub(super) fn restart_queues(&mut self, mode: Old) -> Result<Option<Gone>, VerbsError> {
+    /// With [`OldQp::Defer`], it is retired for the caller to destroy (the reaper's only
+    /// after `CQ_GRACE`) and the [`Gone`] returned says when it is destroyed
+    /// ([`Endpoint::restart_deferring_old`]).
+    pub(super) fn restart_queues(&mut self, mode: OldQp) -> Result<Option<Gone>, VerbsError> {
         if let Some(ev) = self.lost {
             return Err(VerbsError::RenewRefused(format!(
                 "the device was lost ({ev:?})"
@@ -157,7 +158,7 @@ impl RdmaEndpoint {
         };
         let mut gone = None;
         match mode {
-            Old::Destroy => {
+            OldQp::Destroy => {
                 // The old QP may still own slots that are about to be re-posted: it goes
                 // now. This runs on the supervisor's thread (a restart), never on the
                 // poller's. Its CQs, never polled, go to the reaper, due shortly after
@@ -172,7 +173,7 @@ impl RdmaEndpoint {
                 );
                 mark(6);
             }
-            Old::Defer => {
+            OldQp::Defer => {
                 // The old QP may still own slots, which nobody re-posts until it is gone
                 // (the caller posts the new QP's from another bank). The caller destroys
                 // it when its new epoch runs (`Reaper::reap_awaited`), and waits for the
@@ -187,7 +188,7 @@ impl RdmaEndpoint {
                         .retire_for(Instant::now(), retire::CQ_GRACE, old),
                 );
             }
-            Old::Retire => {
+            OldQp::Retire => {
                 // The old QP (in the error state with every WR flushed, in no group, never
                 // polled again) and its CQs are destroyed later, by the reaper, once
                 // their grace is over: off the restart's critical path and off the poller

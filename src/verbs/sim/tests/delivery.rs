@@ -67,6 +67,11 @@ fn bad_config_is_refused() {
         c.max_payload = Some(p);
         assert_eq!(invalid_field(&open_err(&f, &c)), Some("mtu"));
     }
+    for b in [0, 3] {
+        c = cfg("a");
+        c.banks = b;
+        assert_eq!(invalid_field(&open_err(&f, &c)), Some("banks"));
+    }
     // Nothing half-opened, and failed opens use no QPN.
     assert_eq!(f.live_qps(), 0);
     assert_eq!(open(&f, "a").attrs().qpn, FIRST_QPN);
