@@ -7,7 +7,8 @@
 //! - [`verbs`]: the RDMA boundary (traits, libibverbs, retirement of replaced objects) and
 //!   the fault-injecting decorator with its fault kinds and triggers;
 //! - [`sys`]: the system calls outside the verbs FFI (TAP ioctls, signals, peer
-//!   credentials), the only other code allowed `unsafe`;
+//!   credentials), the only other code exempt from the crate's lint against raw FFI
+//!   blocks (Cargo.toml `[lints]`);
 //! - [`tap`]: the TAP device and its frame I/O;
 //! - [`iface`]: one interface's logic: receive and send paths, the NAPI budget, the
 //!   work-request ledger, neighbours, counters and the restart state machine, no threads;
