@@ -18,10 +18,11 @@ use std::time::{Duration, Instant};
 
 use common::sup::{self, A_IP, B_IP};
 use common::{FakeTap, fabric, introduce, ipv4_frame, open};
+use uipoib::iface::ledger::Ring;
 use uipoib::iface::napi::TxGate;
 use uipoib::iface::recovery::Policy;
 use uipoib::iface::stats::DropReason;
-use uipoib::iface::{FLUSH_DEADLINE, Interface};
+use uipoib::iface::{FLUSH_DEADLINE, Interface, RESTART_FIRST_FILL};
 use uipoib::runtime::config::DEFAULT_QKEY;
 use uipoib::runtime::supervisor::Close;
 use uipoib::verbs::fault::FaultyProvider;
@@ -229,6 +230,56 @@ fn with_a_spare_bank_the_failed_qps_slots_are_reaped_after_the_next_epoch_opens_
         "nothing delivered on the new bank"
     );
     assert_eq!(a.ledger().rejected(), 0);
+    a.ledger().check().unwrap();
+}
+
+#[test]
+fn a_restart_posts_a_first_chunk_before_its_announcement_and_the_rest_after() {
+    let ring = 2 * RESTART_FIRST_FILL as u32;
+    let sim = Arc::new(fabric(4096));
+    let faulty = FaultyProvider::new(sim.clone());
+    let switch = faulty.switch();
+    let mut p = common::params("sim0", "198.18.2.1/24", ring, 8);
+    p.endpoint.banks = 2;
+    let stats = Arc::new(uipoib::iface::stats::Stats::default());
+    let mut a = Interface::open(&faulty, &p, stats.clone(), 1, &mut None).unwrap();
+    let recv = |i: &Interface| i.ledger().totals(Ring::Recv).outstanding as usize;
+    assert_eq!(recv(&a), ring as usize, "a fresh open posts the whole ring");
+    let mut b = open(sim.as_ref(), "sim1", "198.18.2.2/24", 16, 8);
+    let (ta, tb) = (FakeTap::default(), FakeTap::default());
+    introduce(&mut a, &ta, &mut b, &tb, A_IP, B_IP);
+    switch.arm_poll_error(-5);
+    assert!(a.poll_rx(&ta, Instant::now()).is_err());
+    switch.clear();
+    a.allow_deferred_reap(true);
+    let (_, n, kept) = a.close_keeping(FLUSH_DEADLINE, &ta);
+    let mut kept = kept.expect("the endpoint is kept");
+    let pending = kept
+        .take_pending()
+        .expect("the failed QP's bank is pending");
+    let mut a = Interface::open_on(kept, &p, stats.clone(), 2, &mut Some(n)).unwrap();
+    assert_eq!(
+        recv(&a),
+        RESTART_FIRST_FILL,
+        "the restart posts its first chunk"
+    );
+    assert_eq!(a.open_times().posted, RESTART_FIRST_FILL);
+    // The peer learns the new QPN and sends at once: the first chunk takes it.
+    a.announce_once(Instant::now());
+    drain_rx(&mut b, &tb);
+    ta.take_written();
+    send_b_to_a(&a, &mut b, &tb, 4);
+    // (the poller's first act)
+    assert_eq!(a.fill_recv().unwrap(), RESTART_FIRST_FILL);
+    drain_rx(&mut a, &ta);
+    let got = ta.take_written().iter().filter(|f| f.len() > 100).count();
+    assert_eq!(got, 4, "what reached the first chunk was lost");
+    assert_eq!(recv(&a), ring as usize, "the ring is whole again");
+    let r = pending
+        .reap(Duration::from_secs(5))
+        .unwrap_or_else(|_| panic!("not gone"));
+    assert_eq!(r.reaped, ring as u64);
+    r.ledger.unwrap();
     a.ledger().check().unwrap();
 }
 

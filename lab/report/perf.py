@@ -18,6 +18,7 @@ from common import (
     mb_to_mbit,
     iperf_received_mbit,
     finish,
+    read_env,
 )
 
 
@@ -740,6 +741,14 @@ def recovery(a):
         bad.append(f"no status from guest a ({err})")
         return finish(out, "recovery", "recovery-report.txt", "recovery-report.json", "\n".join(L) + "\n", {}, False, bad)
     hist = [h for h in st.get("history", []) if h["cause"] == "poll-failed"]
+    # PERF_RECOVERY_WARMUP: restarts before the load, left out.
+    warm = read_env(os.path.join(out, "recovery.env")).get("PERF_RECOVERY_WARMUP", "0")
+    warm = int(warm) if warm.isdigit() else 0
+    if warm:
+        L.append(f"warm-up restarts before the load, left out: {len(hist[:warm])} of {warm}")
+        if len(hist) < warm:
+            bad.append(f"{len(hist)} restarts recorded for {warm} warm-up faults")
+        hist = hist[warm:]
     rec = [h["recovery_ms"] for h in hist]
     L.append(f"poll failures injected: {n}; restarts recorded: {len(hist)}")
     for h in hist:

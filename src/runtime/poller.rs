@@ -285,6 +285,9 @@ fn run(
     let mut published = Published::default();
     iface.announce_once(Instant::now());
     let result: Result<(), Failure> = (|| {
+        // A restart posted a first chunk of the receive ring before its announcement
+        // (see `RESTART_FIRST_FILL`); the rest goes now, before the first wait.
+        iface.fill_recv().map_err(Failure::Verbs)?;
         loop {
             let now = Instant::now();
             // The `retry` policy: a failed poll (in the last turn's polls, TX reaping or

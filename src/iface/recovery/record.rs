@@ -76,7 +76,8 @@ pub struct Phases {
     pub ah_ms: f64,
     /// Attaching the broadcast group.
     pub attach_ms: f64,
-    /// Posting the receive ring.
+    /// Posting the receive ring (on a kept endpoint its first
+    /// [`crate::iface::interface::RESTART_FIRST_FILL`] receives; the poller posts the rest).
     pub fill_ms: f64,
     /// Announcing the new QPN, starting the poller and turning the carrier on (of which
     /// `announce_ms`, `spawn_ms` and `carrier_ms`).
