@@ -158,6 +158,11 @@ struct TuneArgs {
     /// the registered memory): true or false (default true).
     #[arg(long, value_name = "BOOL")]
     spare_bank: Option<bool>,
+    /// Rehearse the restart after a failed poll once at start, before the first
+    /// announcement, so that the first real one does not run its code for the first time:
+    /// true or false (default true).
+    #[arg(long, value_name = "BOOL")]
+    rehearse_restart: Option<bool>,
 }
 
 #[derive(Args)]
@@ -759,6 +764,7 @@ impl TuneArgs {
             group: self.group.clone(),
             tap_offload: self.tap_offload,
             spare_bank: self.spare_bank,
+            rehearse_restart: self.rehearse_restart,
             ..Default::default()
         }
         .or(f)
@@ -816,6 +822,7 @@ fn flag_keys(a: &UpArgs) -> Vec<&'static str> {
         ("group", t.group.is_some()),
         ("tap-offload", t.tap_offload.is_some()),
         ("spare-bank", t.spare_bank.is_some()),
+        ("rehearse-restart", t.rehearse_restart.is_some()),
     ]
     .into_iter()
     .filter_map(|(k, set)| set.then_some(k))
@@ -1213,6 +1220,15 @@ fn status_text(s: &Status) -> String {
     let _ = writeln!(t, "mtu       {}", s.mtu);
     let _ = writeln!(t, "epoch     {}", s.epoch);
     let _ = writeln!(t, "restarts  {}", s.restarts);
+    if let Some(r) = &s.rehearsal {
+        let _ = writeln!(
+            t,
+            "rehearsal restart after a failed poll at start: {:.1} ms, {} work requests reaped, ledger {}",
+            r.recovery_ms,
+            r.wr_reaped,
+            if r.ledger_balanced { "ok" } else { "BAD" }
+        );
+    }
     let _ = writeln!(
         t,
         "on fail   {}",
@@ -1416,6 +1432,23 @@ mod tests {
             ..s
         };
         assert!(status_text(&s).contains("tap       uip0 (198.18.1.1/24)\n"));
+        assert!(!status_text(&s).contains("rehearsal"));
+        let s = Status {
+            rehearsal: Some(uipoib::iface::recovery::RestartRecord {
+                recovery_ms: 12.34,
+                wr_reaped: 4096,
+                ledger_balanced: true,
+                ..Default::default()
+            }),
+            ..s
+        };
+        assert!(
+            status_text(&s).contains(
+                "rehearsal restart after a failed poll at start: 12.3 ms, 4096 work requests reaped, ledger ok\n"
+            ),
+            "{}",
+            status_text(&s)
+        );
     }
 }
 

@@ -232,6 +232,60 @@ mod daemon {
     }
 
     #[test]
+    fn the_daemon_rehearses_the_restart_at_start_and_accounts_for_its_ring() {
+        for rehearse in [true, false] {
+            let Some(ns) = netns(if rehearse { "reh" } else { "noreh" }) else {
+                return;
+            };
+            let addr = {
+                let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                l.local_addr().unwrap()
+            };
+            let tap = if rehearse { "uipm2" } else { "uipm3" };
+            let (fabric, mut spec) = launch(tap, &ns, addr);
+            spec.config.rehearse_restart = rehearse;
+            let f = fabric.clone();
+            let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
+            let run = std::thread::spawn(move || daemon::run(vec![spec], f, Some(stop_rx)));
+            let running = format!("uipoib_state{{tap=\"{tap}\",state=\"running\"}} 1\n");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut last = None;
+            while Instant::now() < deadline {
+                last = get(addr);
+                if last.as_deref().is_some_and(|s| s.contains(&running)) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = stop_tx.send(());
+            let outcome = run.join().unwrap().expect("daemon run");
+            let text = last.expect("no answer on metrics-listen");
+            assert!(text.contains(&running), "{text}");
+            assert!(
+                text.contains(&format!("uipoib_restarts_total{{tap=\"{tap}\"}} 0\n")),
+                "rehearse {rehearse}: the rehearsal counted as a restart\n{text}"
+            );
+            assert_eq!(outcome.exit_code(), 0);
+            let (_, stats, ledger) = &outcome.interfaces[0];
+            ledger.as_ref().unwrap();
+            // The default receive ring, flushed at the stop (or reaped) and, before
+            // it, reaped at the rehearsal (nothing of the given-up QP is drained, as
+            // after a failed poll); every QP destroyed by then.
+            let rings = if rehearse { 2 } else { 1 };
+            assert_eq!(
+                stats.recv_reaped + stats.recv_flushed,
+                rings * 4096,
+                "rehearse {rehearse}: {stats:?}"
+            );
+            assert!(stats.recv_reaped >= (rings - 1) * 4096, "{stats:?}");
+            assert_eq!(stats.restarts, 0);
+            // The given-up QP is the one replaced QP the fabric saw destroyed.
+            let replaced = fabric.destroyed();
+            assert_eq!(replaced.len(), usize::from(rehearse), "{replaced:?}");
+        }
+    }
+
+    #[test]
     fn a_taken_metrics_address_stops_the_start() {
         let Some(ns) = netns("taken") else { return };
         let held = TcpListener::bind("127.0.0.1:0").unwrap();

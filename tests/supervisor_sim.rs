@@ -8,14 +8,16 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::ipv4_frame;
-use common::sup::{A_IP, B_IP, Side, flows, introduce, pair, pair_with_grace};
+use common::sup::{self, A_IP, B_IP, Side, flows, introduce, pair, pair_with_grace};
 use uipoib::iface::recovery::Policy;
 use uipoib::iface::stats;
 use uipoib::verbs::AsyncEvent;
+use uipoib::verbs::fault::FaultyProvider;
 
 /// Make A's poller poll (B sends it a frame).
 fn poke(a: &Side, b: &Side) {
@@ -386,6 +388,58 @@ fn a_restarted_interface_announces_itself_once() {
         1,
         "one gratuitous ARP per epoch"
     );
+    a.end();
+    b.end();
+}
+
+#[test]
+fn the_restart_rehearsed_at_start_takes_a_failed_polls_path_and_is_not_counted() {
+    let sim = Arc::new(common::fabric(4096));
+    let faulty = FaultyProvider::new(sim.clone());
+    let switch = faulty.switch();
+    // One restart allowed: a rehearsal charged to the breaker would make the first real
+    // restart its second.
+    let policy = Policy {
+        max_restarts: 1,
+        window: Duration::from_secs(60),
+        backoff_initial: Duration::from_millis(1),
+        backoff_max: Duration::from_millis(5),
+    };
+    let a = sup::side_rehearsing(Arc::new(faulty), "sim0", "198.18.2.1/24", policy);
+    let b = sup::side(sim.clone(), "sim1", "198.18.2.2/24", policy);
+    let s = a.wait_state("running", 0);
+    let r = s.rehearsal.clone().expect("running only once rehearsed");
+    assert_eq!(r.cause, "rehearsal");
+    // The failed poll's path: the endpoint kept, the given-up QP's whole receive ring
+    // (64) and whatever of the first announcement had not completed reaped after the
+    // next epoch ran, on the supervisor's thread, the ledger balanced.
+    assert!(
+        r.kept_device && r.deferred_reap && r.ledger_balanced,
+        "{r:?}"
+    );
+    assert_eq!(r.wr_reaped - r.sends_reaped, 64, "{r:?}");
+    assert_eq!((s.restarts, s.history.len(), s.epoch), (0, 0, 2), "{s:?}");
+    assert_eq!(stats::get(&a.stats.restarts), 0);
+    let gone = sim.destroyed();
+    assert_eq!(gone.len(), 1, "{gone:?}");
+    assert_eq!(gone[0].thread.as_deref(), Some("sup-sim0"));
+    assert_ne!(gone[0].qpn, s.qpn);
+    introduce(&a, &b);
+    flows(&a, A_IP, &b, B_IP, 0);
+    flows(&b, B_IP, &a, A_IP, 1);
+    // A real failed poll is the first restart: counted, in the history, at once (no
+    // backoff left by the rehearsal's attempt), and not the breaker's second.
+    switch.arm_poll_error_n(-5, 1);
+    poke(&a, &b);
+    let s = a.wait_state("running", 1);
+    let r = s.history.last().unwrap();
+    assert!(
+        r.cause == "poll-failed" && r.epoch == 3 && r.failed_attempts == 0,
+        "{r:?}"
+    );
+    assert_eq!(s.history.len(), 1);
+    flows(&a, A_IP, &b, B_IP, 2);
+    flows(&b, B_IP, &a, A_IP, 3);
     a.end();
     b.end();
 }

@@ -67,6 +67,30 @@ pub fn side_with(
     policy: Policy,
     on_poll_failure: PollFailurePolicy,
 ) -> Side {
+    side_full(provider, dev, addr, policy, on_poll_failure, false)
+}
+
+/// [`side`] that rehearses the restart after a failed poll at start, as the daemon does
+/// by default (the other sides do not: their tests count from a first epoch).
+pub fn side_rehearsing(provider: Arc<dyn Provider>, dev: &str, addr: &str, policy: Policy) -> Side {
+    side_full(
+        provider,
+        dev,
+        addr,
+        policy,
+        PollFailurePolicy::Restart,
+        true,
+    )
+}
+
+fn side_full(
+    provider: Arc<dyn Provider>,
+    dev: &str,
+    addr: &str,
+    policy: Policy,
+    on_poll_failure: PollFailurePolicy,
+    rehearse: bool,
+) -> Side {
     let mut p = params(dev, addr, 64, 32);
     // As the daemon's default: a spare bank of slots for restarts after a failed poll.
     p.endpoint.banks = 2;
@@ -87,6 +111,7 @@ pub fn side_with(
             tap: dev_tap,
             stats: stats.clone(),
             status: status.clone(),
+            rehearse,
         },
         iface,
     )

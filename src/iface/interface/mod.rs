@@ -160,6 +160,10 @@ pub enum Failure {
     /// A new poller could not be started on a rebuilt interface.
     #[error("starting the poller failed: {0}")]
     PollerStart(String),
+    /// Not a failure: the restart after a failed poll, rehearsed once at start
+    /// (`rehearse-restart`); the interface is handled as after a failed poll.
+    #[error("the restart after a failed poll, rehearsed at start")]
+    Rehearsal,
 }
 
 impl Failure {
@@ -178,6 +182,7 @@ impl Failure {
             Failure::GidChanged { .. } => "gid-changed",
             Failure::PollerPanicked(_) => "poller-panicked",
             Failure::PollerStart(_) => "poller-start",
+            Failure::Rehearsal => "rehearsal",
         }
     }
 
@@ -577,6 +582,13 @@ impl Interface {
     /// Counters.
     pub fn stats(&self) -> &Arc<Stats> {
         &self.stats
+    }
+
+    /// Handle this epoch as after a failed poll from now on (nothing of its CQs is
+    /// polled again; its QP is destroyed before its slots are reaped): for the restart
+    /// rehearsed at start, which must take the failed poll's path.
+    pub fn give_up(&mut self) {
+        self.untrusted = true;
     }
 
     /// Let a teardown after a failed poll (keeping the endpoint, which has two banks of

@@ -238,6 +238,9 @@ pub struct Recovery {
     record: RestartRecord,
     /// When the restart under way was detected.
     detected: Instant,
+    /// The restart under way is the one rehearsed at start ([`Failure::Rehearsal`]):
+    /// neither the breaker nor the backoff counts it.
+    rehearsing: bool,
 }
 
 impl Recovery {
@@ -253,6 +256,7 @@ impl Recovery {
             stage: Stage::Running,
             record: RestartRecord::default(),
             detected: now,
+            rehearsing: false,
         }
     }
 
@@ -385,6 +389,10 @@ impl Recovery {
                 r.phases.announce_ms = ms(announce);
                 r.phases.spawn_ms = ms(spawn);
                 r.phases.carrier_ms = ms(carrier);
+                if std::mem::take(&mut self.rehearsing) {
+                    // Its attempt does not delay the first real restart.
+                    self.backoff.reset();
+                }
                 self.stage = Stage::Running;
                 acts.push(Action::Recovered(self.record.clone()));
             }
@@ -481,6 +489,7 @@ impl Recovery {
             acts.push(Action::CarrierOff);
         }
         acts.push(Action::Status(State::Restarting));
+        self.rehearsing = matches!(cause, Failure::Rehearsal);
         if now.saturating_duration_since(self.last_start) >= HEALTHY_AFTER {
             self.backoff.reset();
         }
@@ -535,7 +544,7 @@ impl Recovery {
                 r.phases.drain_ms = ms(t.drain);
                 r.phases.destroy_ms = ms(t.destroy);
                 r.phases.renew_ms = ms(t.restart);
-                if self.breaker.record(now) {
+                if !self.rehearsing && self.breaker.record(now) {
                     // Dead: nothing of the device is held until it is revived.
                     if self.kept {
                         self.kept = false;

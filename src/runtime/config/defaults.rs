@@ -63,6 +63,11 @@ pub const DEFAULT_TAP_OFFLOAD: bool = true;
 /// docs/PERFORMANCE.md for what it changes.
 pub const DEFAULT_SPARE_BANK: bool = true;
 
+/// Rehearse the restart after a failed poll once at start, before the first
+/// announcement ([`crate::iface::Interface::rehearse_restart`]): a boot's first restart
+/// then does not pay for running its code for the first time. See docs/PERFORMANCE.md.
+pub const DEFAULT_REHEARSE_RESTART: bool = true;
+
 /// Send-stall watchdog. The kernel's IPoIB uses a 1 s netdev watchdog; emulated lab
 /// guests stall for longer than that under load without anything being wrong, so 3 s.
 pub const DEFAULT_TX_TIMEOUT: Duration = Duration::from_secs(3);

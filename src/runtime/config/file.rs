@@ -61,6 +61,8 @@ pub struct ConfigKeys {
     pub tap_offload: Option<bool>,
     /// A second bank of slots for restarts after a failed poll.
     pub spare_bank: Option<bool>,
+    /// Rehearse the restart after a failed poll once at start.
+    pub rehearse_restart: Option<bool>,
     /// Serve fault injection on the control socket.
     pub allow_faults: Option<bool>,
     /// What a failed CQ poll does: `restart` (the default), or one of the
@@ -129,6 +131,7 @@ impl ConfigKeys {
             backoff_max_ms: self.backoff_max_ms.or(other.backoff_max_ms),
             tap_offload: self.tap_offload.or(other.tap_offload),
             spare_bank: self.spare_bank.or(other.spare_bank),
+            rehearse_restart: self.rehearse_restart.or(other.rehearse_restart),
             allow_faults: self.allow_faults.or(other.allow_faults),
             poll_failure_policy: self.poll_failure_policy.or(other.poll_failure_policy),
             metrics_listen: self.metrics_listen.or(other.metrics_listen),

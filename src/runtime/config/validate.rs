@@ -61,6 +61,8 @@ pub struct Config {
     pub tap_offload: bool,
     /// A second bank of slots for restarts after a failed poll.
     pub spare_bank: bool,
+    /// Rehearse the restart after a failed poll once at start.
+    pub rehearse_restart: bool,
     /// Restart policy.
     pub restart: Policy,
     /// The control socket serves `inject`, `clear` and `faults` (off unless asked for:
@@ -415,6 +417,7 @@ impl Config {
             tx_timeout,
             tap_offload: f.tap_offload.unwrap_or(DEFAULT_TAP_OFFLOAD),
             spare_bank: f.spare_bank.unwrap_or(DEFAULT_SPARE_BANK),
+            rehearse_restart: f.rehearse_restart.unwrap_or(DEFAULT_REHEARSE_RESTART),
             allow_faults,
             poll_failure,
             metrics_listen,
@@ -504,6 +507,11 @@ impl Config {
             } else {
                 "no spare bank of slots"
             }
+        );
+        let _ = writeln!(
+            t,
+            "  restart rehearsed at start: {}",
+            if self.rehearse_restart { "yes" } else { "no" }
         );
         let _ = writeln!(
             t,

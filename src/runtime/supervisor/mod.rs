@@ -101,6 +101,10 @@ pub struct Status {
     pub dead_reason: Option<String>,
     /// The most recent restarts, oldest first.
     pub history: Vec<RestartRecord>,
+    /// The restart rehearsed at start (`rehearse-restart`), once done: not a restart,
+    /// not in `history` nor `restarts`.
+    #[serde(default)]
+    pub rehearsal: Option<RestartRecord>,
     /// Whether the control socket serves fault injection (`--allow-faults`); filled in
     /// by the control server.
     #[serde(default)]
@@ -156,6 +160,9 @@ pub struct Supervised {
     pub stats: Arc<Stats>,
     /// Status shown on the control socket.
     pub status: Arc<Mutex<Status>>,
+    /// Rehearse the restart after a failed poll once, as soon as the first poller runs
+    /// (`rehearse-restart`; see [`SupervisorThread::run`]).
+    pub rehearse: bool,
 }
 
 impl Supervisor {

@@ -12,7 +12,7 @@ use super::close::close_timed;
 use super::reaper::ReaperThread;
 use super::{CLOSE_GRACE_CAP, Ended, HISTORY_LEN, Order, Supervised};
 use crate::iface::neigh::Neighbours;
-use crate::iface::recovery::{Action, Attempt, Event, Recovery, RestartRecord, Revival, ms};
+use crate::iface::recovery::{Action, Attempt, Event, Recovery, RestartRecord, Revival, State, ms};
 use crate::iface::stats;
 use crate::iface::{
     Closed, FLUSH_DEADLINE, Failure, Interface, KeptEndpoint, OpenError, Origin, PendingBank,
@@ -77,6 +77,18 @@ pub(super) struct SupervisorThread {
     /// What the reaps of pending banks found since the last restart record.
     settled: Option<Settled>,
     reaper_thread: ReaperThread,
+    rehearsal: Rehearsal,
+}
+
+/// Where the restart rehearsed at start stands ([`Supervised::rehearse`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rehearsal {
+    /// None asked for, or done.
+    Off,
+    /// The first poller was asked to hand over.
+    Asked,
+    /// The restart under way is the rehearsal.
+    Running,
 }
 
 impl SupervisorThread {
@@ -100,13 +112,31 @@ impl SupervisorThread {
             pending: None,
             settled: None,
             reaper_thread: ReaperThread::default(),
+            rehearsal: Rehearsal::Off,
         }
     }
 
     pub(super) fn run(mut self, first: Interface) -> Ended {
+        // The restart after a failed poll, rehearsed once as soon as the first poller
+        // runs (the state stays `starting` until it is done): the first poller hands its
+        // interface over, which is then handled as after a failed poll, through the
+        // whole restart. That restart is found to work on this device at start, and the
+        // first real one does not run its code for the first time (under emulation a
+        // boot's first restart took several times the later ones; docs/PERFORMANCE.md).
+        // It is not a restart: not counted, not in the history, not charged to the
+        // breaker or the backoff; `Status::rehearsal` has its record.
+        if self.s.rehearse {
+            self.rehearsal = Rehearsal::Asked;
+        }
         match self.start_poller(first, self.machine.epoch()) {
-            Ok((p, _)) => self.poller = Some(p),
+            Ok((p, _)) => {
+                if self.rehearsal == Rehearsal::Asked {
+                    p.restart();
+                }
+                self.poller = Some(p);
+            }
             Err(f) => {
+                self.rehearsal = Rehearsal::Off;
                 tracing::error!(iface = %self.s.name, error = %f.error, "starting the first poller failed: restarting");
                 let cause = Failure::PollerStart(f.error.to_string());
                 let untrusted = f.iface.untrusted();
@@ -153,8 +183,21 @@ impl SupervisorThread {
                     return self.ended();
                 }
                 Exit::Failed {
-                    iface, cause, at, ..
-                } => (Some(*iface), cause, at),
+                    mut iface,
+                    cause,
+                    at,
+                    ..
+                } => {
+                    let asked = std::mem::replace(&mut self.rehearsal, Rehearsal::Off);
+                    let cause = if asked == Rehearsal::Asked && matches!(cause, Failure::Operator) {
+                        iface.give_up();
+                        self.rehearsal = Rehearsal::Running;
+                        Failure::Rehearsal
+                    } else {
+                        cause
+                    };
+                    (Some(*iface), cause, at)
+                }
                 Exit::Panicked { message, at, .. } => (None, Failure::PollerPanicked(message), at),
             };
             if closing {
@@ -177,7 +220,11 @@ impl SupervisorThread {
     /// Bring the interface back after `cause` (detected at `at`): `false` if a close
     /// came first.
     fn restart(&mut self, cause: Failure, untrusted: bool, at: Instant) -> bool {
-        tracing::warn!(iface = %self.s.name, cause = cause.kind(), detail = %cause, epoch = self.machine.epoch(), "restarting the interface");
+        if matches!(cause, Failure::Rehearsal) {
+            tracing::info!(iface = %self.s.name, epoch = self.machine.epoch(), "rehearsing the restart after a failed poll");
+        } else {
+            tracing::warn!(iface = %self.s.name, cause = cause.kind(), detail = %cause, epoch = self.machine.epoch(), "restarting the interface");
+        }
         self.drive(Event::Failed {
             cause,
             untrusted,
@@ -215,6 +262,8 @@ impl SupervisorThread {
                 self.carrier(false);
                 None
             }
+            // The rehearsal's restart leaves the state at `starting`.
+            Action::Status(State::Restarting) if self.rehearsal == Rehearsal::Running => None,
             Action::Status(s) => {
                 self.set_state(s.as_str());
                 None
@@ -298,7 +347,11 @@ impl SupervisorThread {
                 // of slots is reaped, off the restart's time.
                 self.settle_pending(PENDING_BOUND);
                 self.fold_settled(&mut record);
-                self.recovered(record);
+                if std::mem::replace(&mut self.rehearsal, Rehearsal::Off) == Rehearsal::Running {
+                    self.rehearsed(record);
+                } else {
+                    self.recovered(record);
+                }
                 self.join_old_poller();
                 None
             }
@@ -451,6 +504,18 @@ impl SupervisorThread {
         self.push_record(record, true);
     }
 
+    fn rehearsed(&mut self, record: RestartRecord) {
+        tracing::info!(
+            iface = %self.s.name, epoch = record.epoch, recovery_ms = record.recovery_ms,
+            reaped = record.wr_reaped, ledger_balanced = record.ledger_balanced,
+            phases = ?record.phases,
+            "restart after a failed poll rehearsed"
+        );
+        if let Ok(mut st) = self.s.status.lock() {
+            st.rehearsal = Some(record);
+        }
+    }
+
     fn push_record(&self, r: RestartRecord, counted: bool) {
         if let Ok(mut st) = self.s.status.lock() {
             if counted {
@@ -589,7 +654,11 @@ impl SupervisorThread {
         )?;
         let spawned = start.elapsed();
         if let Ok(mut st) = self.s.status.lock() {
-            st.state = "running".into();
+            st.state = if self.rehearsal == Rehearsal::Asked {
+                "starting".into()
+            } else {
+                "running".into()
+            };
             st.qpn = hw.qpn;
             st.gid = hw.gid.to_string();
             st.mtu = mtu;
