@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -17,7 +16,6 @@ use common::sup::{self, A_IP, B_IP, Side, flows, introduce, pair, pair_with_grac
 use uipoib::iface::recovery::Policy;
 use uipoib::iface::stats;
 use uipoib::verbs::AsyncEvent;
-use uipoib::verbs::fault::FaultyProvider;
 
 /// Make A's poller poll (B sends it a frame).
 fn poke(a: &Side, b: &Side) {
@@ -394,9 +392,6 @@ fn a_restarted_interface_announces_itself_once() {
 
 #[test]
 fn the_restart_rehearsed_at_start_takes_a_failed_polls_path_and_is_not_counted() {
-    let sim = Arc::new(common::fabric(4096));
-    let faulty = FaultyProvider::new(sim.clone());
-    let switch = faulty.switch();
     // One restart allowed: a rehearsal charged to the breaker would make the first real
     // restart its second.
     let policy = Policy {
@@ -405,8 +400,7 @@ fn the_restart_rehearsed_at_start_takes_a_failed_polls_path_and_is_not_counted()
         backoff_initial: Duration::from_millis(1),
         backoff_max: Duration::from_millis(5),
     };
-    let a = sup::side_rehearsing(Arc::new(faulty), "sim0", "198.18.2.1/24", policy);
-    let b = sup::side(sim.clone(), "sim1", "198.18.2.2/24", policy);
+    let (sim, switch, a, b) = sup::pair_rehearsing(policy);
     let s = a.wait_state("running", 0);
     let r = s.rehearsal.clone().expect("running only once rehearsed");
     assert_eq!(r.cause, "rehearsal");
@@ -424,9 +418,6 @@ fn the_restart_rehearsed_at_start_takes_a_failed_polls_path_and_is_not_counted()
     assert_eq!(gone.len(), 1, "{gone:?}");
     assert_eq!(gone[0].thread.as_deref(), Some("sup-sim0"));
     assert_ne!(gone[0].qpn, s.qpn);
-    introduce(&a, &b);
-    flows(&a, A_IP, &b, B_IP, 0);
-    flows(&b, B_IP, &a, A_IP, 1);
     // A real failed poll is the first restart: counted, in the history, at once (no
     // backoff left by the rehearsal's attempt), and not the breaker's second.
     switch.arm_poll_error_n(-5, 1);

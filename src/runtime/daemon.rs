@@ -248,12 +248,12 @@ fn start(spec: &Launch, provider: Arc<dyn Provider>) -> Result<Running, DaemonEr
     let stats = Arc::new(Stats::default());
     let params = c.iface_config();
     let neigh_view = params.neigh_view.clone();
-    let open_err = |source| DaemonError::Open {
-        tap: c.tap.clone(),
-        source,
-    };
-    let iface = Interface::open(provider.as_ref(), &params, stats.clone(), 1, &mut None)
-        .map_err(open_err)?;
+    let iface = Interface::open(provider.as_ref(), &params, stats.clone(), 1, &mut None).map_err(
+        |source| DaemonError::Open {
+            tap: c.tap.clone(),
+            source,
+        },
+    )?;
     let tap = Arc::new(Tap::create(&c.tap, c.tap_offload)?.with_stats(stats.clone()));
     tap.configure(
         iface.mac(),

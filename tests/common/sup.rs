@@ -70,19 +70,6 @@ pub fn side_with(
     side_full(provider, dev, addr, policy, on_poll_failure, false)
 }
 
-/// [`side`] that rehearses the restart after a failed poll at start, as the daemon does
-/// by default (the other sides do not: their tests count from a first epoch).
-pub fn side_rehearsing(provider: Arc<dyn Provider>, dev: &str, addr: &str, policy: Policy) -> Side {
-    side_full(
-        provider,
-        dev,
-        addr,
-        policy,
-        PollFailurePolicy::Restart,
-        true,
-    )
-}
-
 fn side_full(
     provider: Arc<dyn Provider>,
     dev: &str,
@@ -185,7 +172,14 @@ pub fn pair_policy(
     policy: Policy,
     on_poll_failure: PollFailurePolicy,
 ) -> (Arc<SimFabric>, Arc<FaultSwitch>, Side, Side) {
-    pair_of(policy, Duration::ZERO, on_poll_failure)
+    pair_of(policy, Duration::ZERO, on_poll_failure, false)
+}
+
+/// Like [`pair`], side A rehearsing the restart after a failed poll at start, as the
+/// daemon does by default (the other pairs do not: their tests count from a first
+/// epoch).
+pub fn pair_rehearsing(policy: Policy) -> (Arc<SimFabric>, Arc<FaultSwitch>, Side, Side) {
+    pair_of(policy, Duration::ZERO, PollFailurePolicy::Restart, true)
 }
 
 /// Two supervised sides that have met (ARP both ways) and carried a frame each way; A's
@@ -194,17 +188,19 @@ fn pair_of(
     policy: Policy,
     grace: Duration,
     on_poll_failure: PollFailurePolicy,
+    rehearse: bool,
 ) -> (Arc<SimFabric>, Arc<FaultSwitch>, Side, Side) {
     let sim = Arc::new(fabric(4096));
     sim.set_retire_grace(grace);
     let faulty = FaultyProvider::new(sim.clone());
     let switch = faulty.switch();
-    let a = side_with(
+    let a = side_full(
         Arc::new(faulty),
         "sim0",
         "198.18.2.1/24",
         policy,
         on_poll_failure,
+        rehearse,
     );
     let b = side(sim.clone(), "sim1", "198.18.2.2/24", policy);
     a.wait_state("running", 0);
@@ -220,7 +216,7 @@ pub fn pair_with_grace(
     policy: Policy,
     grace: Duration,
 ) -> (Arc<SimFabric>, Arc<FaultSwitch>, Side, Side) {
-    pair_of(policy, grace, PollFailurePolicy::Restart)
+    pair_of(policy, grace, PollFailurePolicy::Restart, false)
 }
 
 /// A restart policy for fault tests: no breaker trips, short backoff.
