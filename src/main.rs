@@ -163,6 +163,11 @@ struct TuneArgs {
     /// true or false (default true).
     #[arg(long, value_name = "BOOL")]
     rehearse_restart: Option<bool>,
+    /// The restart supervisor's nice level, -20..=19 (default -10; the daemon's own level
+    /// leaves it as is); the datapath's threads keep the daemon's. A level lower than
+    /// the daemon's needs CAP_SYS_NICE or a RLIMIT_NICE that allows it.
+    #[arg(long, value_name = "NICE", allow_negative_numbers = true)]
+    restart_nice: Option<i64>,
 }
 
 #[derive(Args)]
@@ -765,6 +770,7 @@ impl TuneArgs {
             tap_offload: self.tap_offload,
             spare_bank: self.spare_bank,
             rehearse_restart: self.rehearse_restart,
+            restart_nice: self.restart_nice,
             ..Default::default()
         }
         .or(f)
@@ -823,6 +829,7 @@ fn flag_keys(a: &UpArgs) -> Vec<&'static str> {
         ("tap-offload", t.tap_offload.is_some()),
         ("spare-bank", t.spare_bank.is_some()),
         ("rehearse-restart", t.rehearse_restart.is_some()),
+        ("restart-nice", t.restart_nice.is_some()),
     ]
     .into_iter()
     .filter_map(|(k, set)| set.then_some(k))
@@ -1376,6 +1383,20 @@ mod tests {
             e.contains("invalid addr") && e.contains("IPv4 address is required"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn restart_nice_takes_a_negative_level_and_names_a_bad_one() {
+        let with = |extra: &[&str]| {
+            let base = "--device rxe0 --tap uip0 --addr 198.18.1.1/24".split(' ');
+            let args: Vec<&str> = base.chain(extra.iter().copied()).collect();
+            up_config(&up_args(&args))
+        };
+        assert_eq!(with(&[]).unwrap().restart_nice, Some(-10));
+        let c = with(&["--restart-nice", "-5"]).unwrap();
+        assert_eq!(c.restart_nice, Some(-5));
+        let e = with(&["--restart-nice", "-21"]).unwrap_err().to_string();
+        assert!(e.contains("restart-nice") && e.contains("-20..=19"), "{e}");
     }
 
     #[test]

@@ -538,3 +538,59 @@ fn a_port_changed_under_a_kept_endpoint_is_reopened_not_renewed() {
     a.end();
     b.end();
 }
+
+/// The nice level of each of this process's threads named `name`.
+fn nice_levels(name: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap();
+        // After the command's closing parenthesis: the state is field 3, nice field 19.
+        let rest = &stat[stat.rfind(')').unwrap() + 1..];
+        found.push(rest.split_whitespace().nth(16).unwrap().parse().unwrap());
+    }
+    found
+}
+
+/// `restart-nice`: the supervisor's thread runs at its own nice level, the threads it
+/// starts (every epoch's poller, the reaper of replaced QPs) at the daemon's.
+#[test]
+fn the_supervisor_runs_at_its_nice_level_and_the_threads_it_starts_at_the_daemons() {
+    let base = uipoib::sys::process::thread_nice().unwrap();
+    // A level above this thread's: allowed without privilege.
+    let level = base + 3;
+    assert!(
+        level <= 19,
+        "this test needs a nice level below 17, has {base}"
+    );
+    let sim = std::sync::Arc::new(common::fabric(4096));
+    sim.add_device("nice0", std::net::Ipv4Addr::new(198, 18, 0, 3), 4096)
+        .unwrap();
+    // Replaced QPs wait out a grace: the reaper thread starts at the first restart.
+    sim.set_retire_grace(Duration::from_millis(20));
+    let opts = sup::SupOpts {
+        restart_nice: Some(level),
+        ..sup::SupOpts::default()
+    };
+    let policy = sup::quick_policy();
+    let restart = uipoib::iface::PollFailurePolicy::Restart;
+    let a = sup::side_full(sim, "nice0", "198.18.2.1/24", policy, restart, opts);
+    a.wait_state("running", 0);
+    assert_eq!(nice_levels("sup-nice0"), vec![level]);
+    assert_eq!(nice_levels("poll-nice0"), vec![base]);
+    for n in 1..=3 {
+        a.sup().restart();
+        a.wait_state("running", n);
+        let polls = nice_levels("poll-nice0");
+        assert!(
+            !polls.is_empty() && polls.iter().all(|&p| p == base),
+            "restart {n}: pollers at {polls:?}, the daemon at {base}"
+        );
+        assert_eq!(nice_levels("reap-nice0"), vec![base], "restart {n}");
+        assert_eq!(nice_levels("sup-nice0"), vec![level], "restart {n}");
+    }
+    a.end();
+}

@@ -287,6 +287,7 @@ fn start(spec: &Launch, provider: Arc<dyn Provider>) -> Result<Running, DaemonEr
             stats: stats.clone(),
             status: status.clone(),
             rehearse: c.rehearse_restart,
+            restart_nice: c.restart_nice,
         },
         iface,
     )

@@ -1,6 +1,6 @@
 //! The process-level system calls: a signal to a child's process group (or to one
 //! process), and what the control socket and the scenario runner need (the effective
-//! uid, a peer's uid or pid, the umask).
+//! uid, a peer's uid or pid, the umask), and the nice level of the calling thread.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -105,4 +105,74 @@ pub fn with_umask<T>(mask: u32, f: impl FnOnce() -> T) -> T {
     let r = f();
     set_umask(old);
     r
+}
+
+/// The calling thread's id, as the scheduler's calls take it.
+fn tid() -> libc::id_t {
+    // SAFETY: gettid(2) takes no arguments, touches no memory and cannot fail.
+    unsafe { libc::gettid() as libc::id_t }
+}
+
+/// The calling thread's nice level (-20..=19). On Linux the nice level is a thread's,
+/// not the process's: `getpriority(PRIO_PROCESS, tid)` reads this thread's alone.
+pub fn thread_nice() -> io::Result<i32> {
+    // getpriority(2) may return -1 as a nice level: errno, cleared first, tells a failure.
+    // SAFETY: __errno_location returns this thread's errno, valid for the thread's life;
+    // getpriority takes two integers and touches no memory of this process.
+    let r = unsafe {
+        *libc::__errno_location() = 0;
+        libc::getpriority(libc::PRIO_PROCESS, tid())
+    };
+    if r == -1 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error().unwrap_or(0) != 0 {
+            return Err(e);
+        }
+    }
+    Ok(r)
+}
+
+/// Set the calling thread's nice level (`setpriority(PRIO_PROCESS, tid)`); threads it
+/// starts afterwards inherit it. Raising the priority (a lower level than the thread
+/// has) needs `CAP_SYS_NICE` or a `RLIMIT_NICE` that allows it; lowering it never does.
+pub fn set_thread_nice(level: i32) -> io::Result<()> {
+    // SAFETY: setpriority(2) takes three integers and touches no memory of this process.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid(), level) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_threads_nice_level_is_its_own_and_its_children_inherit_it() {
+        let here = thread_nice().unwrap();
+        // One level lower than this thread's: allowed without privilege.
+        let lower = (here + 1).min(19);
+        let (set, child, after_child) = std::thread::spawn(move || {
+            set_thread_nice(lower).unwrap();
+            let set = thread_nice().unwrap();
+            let child = std::thread::spawn(|| thread_nice().unwrap())
+                .join()
+                .unwrap();
+            (set, child, thread_nice().unwrap())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(set, lower);
+        assert_eq!(
+            child, lower,
+            "a thread started after the change inherits it"
+        );
+        assert_eq!(after_child, lower);
+        assert_eq!(
+            thread_nice().unwrap(),
+            here,
+            "the other threads keep theirs"
+        );
+    }
 }

@@ -67,16 +67,33 @@ pub fn side_with(
     policy: Policy,
     on_poll_failure: PollFailurePolicy,
 ) -> Side {
-    side_full(provider, dev, addr, policy, on_poll_failure, false)
+    side_full(
+        provider,
+        dev,
+        addr,
+        policy,
+        on_poll_failure,
+        SupOpts::default(),
+    )
 }
 
-fn side_full(
+/// What a side's supervisor does beyond the defaults of these tests.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SupOpts {
+    /// Rehearse the restart after a failed poll at start (`rehearse-restart`).
+    pub rehearse: bool,
+    /// The supervisor's nice level (`restart-nice`).
+    pub restart_nice: Option<i32>,
+}
+
+/// [`side`] with a poll-failure policy and supervisor options.
+pub fn side_full(
     provider: Arc<dyn Provider>,
     dev: &str,
     addr: &str,
     policy: Policy,
     on_poll_failure: PollFailurePolicy,
-    rehearse: bool,
+    opts: SupOpts,
 ) -> Side {
     let mut p = params(dev, addr, 64, 32);
     // As the daemon's default: a spare bank of slots for restarts after a failed poll.
@@ -98,7 +115,8 @@ fn side_full(
             tap: dev_tap,
             stats: stats.clone(),
             status: status.clone(),
-            rehearse,
+            rehearse: opts.rehearse,
+            restart_nice: opts.restart_nice,
         },
         iface,
     )
@@ -172,14 +190,18 @@ pub fn pair_policy(
     policy: Policy,
     on_poll_failure: PollFailurePolicy,
 ) -> (Arc<SimFabric>, Arc<FaultSwitch>, Side, Side) {
-    pair_of(policy, Duration::ZERO, on_poll_failure, false)
+    pair_of(policy, Duration::ZERO, on_poll_failure, SupOpts::default())
 }
 
 /// Like [`pair`], side A rehearsing the restart after a failed poll at start, as the
 /// daemon does by default (the other pairs do not: their tests count from a first
 /// epoch).
 pub fn pair_rehearsing(policy: Policy) -> (Arc<SimFabric>, Arc<FaultSwitch>, Side, Side) {
-    pair_of(policy, Duration::ZERO, PollFailurePolicy::Restart, true)
+    let opts = SupOpts {
+        rehearse: true,
+        ..SupOpts::default()
+    };
+    pair_of(policy, Duration::ZERO, PollFailurePolicy::Restart, opts)
 }
 
 /// Two supervised sides that have met (ARP both ways) and carried a frame each way; A's
@@ -188,7 +210,7 @@ fn pair_of(
     policy: Policy,
     grace: Duration,
     on_poll_failure: PollFailurePolicy,
-    rehearse: bool,
+    opts: SupOpts,
 ) -> (Arc<SimFabric>, Arc<FaultSwitch>, Side, Side) {
     let sim = Arc::new(fabric(4096));
     sim.set_retire_grace(grace);
@@ -200,7 +222,7 @@ fn pair_of(
         "198.18.2.1/24",
         policy,
         on_poll_failure,
-        rehearse,
+        opts,
     );
     let b = side(sim.clone(), "sim1", "198.18.2.2/24", policy);
     a.wait_state("running", 0);
@@ -216,7 +238,12 @@ pub fn pair_with_grace(
     policy: Policy,
     grace: Duration,
 ) -> (Arc<SimFabric>, Arc<FaultSwitch>, Side, Side) {
-    pair_of(policy, grace, PollFailurePolicy::Restart, false)
+    pair_of(
+        policy,
+        grace,
+        PollFailurePolicy::Restart,
+        SupOpts::default(),
+    )
 }
 
 /// A restart policy for fault tests: no breaker trips, short backoff.

@@ -68,6 +68,12 @@ pub const DEFAULT_SPARE_BANK: bool = true;
 /// then does not pay for running its code for the first time. See docs/PERFORMANCE.md.
 pub const DEFAULT_REHEARSE_RESTART: bool = true;
 
+/// The restart supervisor's nice level (`None` would run it at the daemon's): on a
+/// loaded host a restart gets the CPU before the application and the kernel's threads,
+/// at the normal policy. The datapath's threads keep the daemon's level. See
+/// docs/PERFORMANCE.md ("The restart supervisor at nice -10").
+pub const DEFAULT_RESTART_NICE: Option<i32> = Some(-10);
+
 /// Send-stall watchdog. The kernel's IPoIB uses a 1 s netdev watchdog; emulated lab
 /// guests stall for longer than that under load without anything being wrong, so 3 s.
 pub const DEFAULT_TX_TIMEOUT: Duration = Duration::from_secs(3);

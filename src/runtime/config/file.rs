@@ -63,6 +63,8 @@ pub struct ConfigKeys {
     pub spare_bank: Option<bool>,
     /// Rehearse the restart after a failed poll once at start.
     pub rehearse_restart: Option<bool>,
+    /// The restart supervisor's nice level (-20..=19).
+    pub restart_nice: Option<i64>,
     /// Serve fault injection on the control socket.
     pub allow_faults: Option<bool>,
     /// What a failed CQ poll does: `restart` (the default), or one of the
@@ -132,6 +134,7 @@ impl ConfigKeys {
             tap_offload: self.tap_offload.or(other.tap_offload),
             spare_bank: self.spare_bank.or(other.spare_bank),
             rehearse_restart: self.rehearse_restart.or(other.rehearse_restart),
+            restart_nice: self.restart_nice.or(other.restart_nice),
             allow_faults: self.allow_faults.or(other.allow_faults),
             poll_failure_policy: self.poll_failure_policy.or(other.poll_failure_policy),
             metrics_listen: self.metrics_listen.or(other.metrics_listen),

@@ -221,6 +221,20 @@ fn each_bad_value_names_its_key() {
             },
             "busy-poll-us",
         ),
+        (
+            ConfigKeys {
+                restart_nice: Some(-21),
+                ..base()
+            },
+            "restart-nice",
+        ),
+        (
+            ConfigKeys {
+                restart_nice: Some(20),
+                ..base()
+            },
+            "restart-nice",
+        ),
     ];
     for (cfg, key) in cases {
         match Config::from_keys(cfg.clone()) {
@@ -270,6 +284,27 @@ fn shipped_example_config_is_valid() {
     assert_eq!(c.device, "rxe0");
     assert_eq!(c.qkey, DEFAULT_QKEY);
     assert_eq!(c.group, Gid::from_ipv4(DEFAULT_GROUP));
+    assert_eq!(c.restart_nice, DEFAULT_RESTART_NICE);
+}
+
+#[test]
+fn restart_nice_is_a_nice_level_or_a_named_error() {
+    let text = "device = \"rxe0\"\ntap = \"uip0\"\naddr = \"198.18.1.1/24\"\n";
+    let c = |extra: &str| ConfigKeys::parse(&format!("{text}{extra}")).map(Config::from_keys);
+    assert_eq!(c("").unwrap().unwrap().restart_nice, Some(-10));
+    assert_eq!(
+        c("restart-nice = 5\n").unwrap().unwrap().restart_nice,
+        Some(5)
+    );
+    match c("restart-nice = -40\n").unwrap() {
+        Err(ConfigError::Invalid { key, why }) => {
+            assert_eq!(key, "restart-nice");
+            assert!(why.contains("-40 is outside -20..=19"), "{why}");
+        }
+        other => panic!("expected an error for restart-nice, got {other:?}"),
+    }
+    let err = c("restart-nice = \"high\"\n").unwrap_err();
+    assert!(err.contains("restart-nice"), "{err}");
 }
 
 #[test]

@@ -63,6 +63,8 @@ pub struct Config {
     pub spare_bank: bool,
     /// Rehearse the restart after a failed poll once at start.
     pub rehearse_restart: bool,
+    /// The restart supervisor's nice level (`None`: the daemon's).
+    pub restart_nice: Option<i32>,
     /// Restart policy.
     pub restart: Policy,
     /// The control socket serves `inject`, `clear` and `faults` (off unless asked for:
@@ -288,6 +290,19 @@ impl Config {
                 ),
             });
         }
+        let restart_nice = match f.restart_nice {
+            None => DEFAULT_RESTART_NICE,
+            Some(n) if (-20..=19).contains(&n) => Some(n as i32),
+            Some(n) => {
+                return Err(ConfigError::Invalid {
+                    key: "restart-nice",
+                    why: format!(
+                        "{n} is outside -20..=19 (the restart supervisor's nice level; lower \
+                         runs it before the rest)"
+                    ),
+                });
+            }
+        };
         let qkey = f.qkey.unwrap_or(DEFAULT_QKEY);
         if qkey & 0x8000_0000 != 0 {
             return Err(ConfigError::Invalid {
@@ -418,6 +433,7 @@ impl Config {
             tap_offload: f.tap_offload.unwrap_or(DEFAULT_TAP_OFFLOAD),
             spare_bank: f.spare_bank.unwrap_or(DEFAULT_SPARE_BANK),
             rehearse_restart: f.rehearse_restart.unwrap_or(DEFAULT_REHEARSE_RESTART),
+            restart_nice,
             allow_faults,
             poll_failure,
             metrics_listen,
@@ -513,6 +529,10 @@ impl Config {
             "  restart rehearsed at start: {}",
             if self.rehearse_restart { "yes" } else { "no" }
         );
+        let _ = match self.restart_nice {
+            Some(n) => writeln!(t, "  restart supervisor's nice level: {n}"),
+            None => writeln!(t, "  restart supervisor's nice level: the daemon's"),
+        };
         let _ = writeln!(
             t,
             "  neighbours: up to {}, forgotten after {} s idle",

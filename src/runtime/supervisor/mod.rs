@@ -163,6 +163,9 @@ pub struct Supervised {
     /// Rehearse the restart after a failed poll once, as soon as the first poller runs
     /// (`rehearse-restart`; see [`SupervisorThread::run`]).
     pub rehearse: bool,
+    /// The supervisor thread's nice level (`restart-nice`; `None`: the daemon's). The
+    /// threads it starts run at the daemon's.
+    pub restart_nice: Option<i32>,
 }
 
 impl Supervisor {

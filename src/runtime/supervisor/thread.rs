@@ -18,6 +18,7 @@ use crate::iface::{
     Closed, FLUSH_DEADLINE, Failure, Interface, KeptEndpoint, OpenError, Origin, PendingBank,
 };
 use crate::runtime::poller::{Exit, Poller, SpawnFailed};
+use crate::sys::process;
 use crate::tap::FrameIo;
 use crate::verbs::VerbsError;
 use crate::verbs::retire::{self, Reaper};
@@ -45,6 +46,31 @@ struct Settled {
     /// A reap found its ledger unbalanced.
     unbalanced: bool,
     took: Duration,
+}
+
+/// The supervisor thread's nice level against the daemon's (`restart-nice`).
+#[derive(Debug, Clone, Copy)]
+struct Nice {
+    /// The level the thread had (the daemon's), for the threads it starts.
+    base: i32,
+    /// The level it runs at.
+    restart: i32,
+}
+
+/// Run `spawn` at the daemon's nice level if the supervisor runs at another, so that
+/// the thread it starts (a poller, the reaper) does not inherit the supervisor's.
+fn at_base_nice<T>(nice: Option<Nice>, spawn: impl FnOnce() -> T) -> T {
+    let Some(n) = nice else {
+        return spawn();
+    };
+    if let Err(e) = process::set_thread_nice(n.base) {
+        tracing::warn!(error = %e, level = n.base, "setting the supervisor's nice level back for a thread it starts failed");
+    }
+    let r = spawn();
+    if let Err(e) = process::set_thread_nice(n.restart) {
+        tracing::warn!(error = %e, level = n.restart, "setting the supervisor's nice level again failed");
+    }
+    r
 }
 
 /// The state of one supervisor's thread.
@@ -78,6 +104,8 @@ pub(super) struct SupervisorThread {
     settled: Option<Settled>,
     reaper_thread: ReaperThread,
     rehearsal: Rehearsal,
+    /// Set once the thread runs at `restart-nice`.
+    nice: Option<Nice>,
 }
 
 /// Where the restart rehearsed at start stands ([`Supervised::rehearse`]).
@@ -113,10 +141,43 @@ impl SupervisorThread {
             settled: None,
             reaper_thread: ReaperThread::default(),
             rehearsal: Rehearsal::Off,
+            nice: None,
+        }
+    }
+
+    /// Run this thread at `restart-nice`, if set: a restart then gets the CPU before the
+    /// application and the kernel's threads on a loaded host, at the normal policy (it
+    /// never keeps them from running, as a real-time policy would).
+    fn set_nice(&mut self) {
+        let Some(level) = self.s.restart_nice else {
+            return;
+        };
+        let base = match process::thread_nice() {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(iface = %self.s.name, error = %e, "reading the supervisor's nice level failed: restarts run at the daemon's");
+                return;
+            }
+        };
+        if base == level {
+            return;
+        }
+        match process::set_thread_nice(level) {
+            Ok(()) => {
+                tracing::info!(iface = %self.s.name, nice = level, daemon_nice = base, "the restart supervisor runs at its own nice level");
+                self.nice = Some(Nice {
+                    base,
+                    restart: level,
+                });
+            }
+            Err(e) => {
+                tracing::warn!(iface = %self.s.name, error = %e, nice = level, daemon_nice = base, "restart-nice: setting the supervisor's nice level failed (raising it needs CAP_SYS_NICE or a RLIMIT_NICE that allows it): restarts run at the daemon's");
+            }
         }
     }
 
     pub(super) fn run(mut self, first: Interface) -> Ended {
+        self.set_nice();
         // The restart after a failed poll, rehearsed once as soon as the first poller
         // runs (the state stays `starting` until it is done): the first poller hands its
         // interface over, which is then handled as after a failed poll, through the
@@ -591,7 +652,8 @@ impl SupervisorThread {
         if same && self.reaper_thread.running() {
             return;
         }
-        if let Err(e) = self.reaper_thread.watch(&self.s.name, r) {
+        let (thread, name) = (&mut self.reaper_thread, &self.s.name);
+        if let Err(e) = at_base_nice(self.nice, || thread.watch(name, r)) {
             // The endpoint's teardown destroys them all, later than their grace.
             tracing::error!(iface = %self.s.name, error = %e, "starting the reaper thread failed: replaced QPs wait for the teardown");
         }
@@ -646,12 +708,14 @@ impl SupervisorThread {
         iface.announce_once(t0);
         let start = Instant::now();
         let announce = start - t0;
-        let p = Poller::try_spawn(
-            self.s.name.clone(),
-            iface,
-            self.s.tap.clone(),
-            self.exits_tx.clone(),
-        )?;
+        let p = at_base_nice(self.nice, || {
+            Poller::try_spawn(
+                self.s.name.clone(),
+                iface,
+                self.s.tap.clone(),
+                self.exits_tx.clone(),
+            )
+        })?;
         let spawned = start.elapsed();
         if let Ok(mut st) = self.s.status.lock() {
             st.state = if self.rehearsal == Rehearsal::Asked {
