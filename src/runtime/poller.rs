@@ -116,15 +116,19 @@ impl Poller {
         tap: Arc<dyn TapDevice>,
         exits: Sender<Exit>,
     ) -> io::Result<Poller> {
-        Self::try_spawn(name, iface, tap, exits).map_err(|f| f.error)
+        Self::try_spawn(name, iface, tap, exits, None).map_err(|f| f.error)
     }
 
-    /// Like [`Poller::spawn`], but a failure hands the interface back.
+    /// Like [`Poller::spawn`], but a failure hands the interface back. With `nice`, the
+    /// thread sets its nice level to it first thing, whatever it inherited: the thread
+    /// that starts it may run at another (the restart supervisor, `restart-nice`) and
+    /// keeps it through the start.
     pub fn try_spawn(
         name: String,
         mut iface: Interface,
         tap: Arc<dyn TapDevice>,
         exits: Sender<Exit>,
+        nice: Option<i32>,
     ) -> Result<Poller, SpawnFailed> {
         let (poll, fds) = match Self::poll_set(&mut iface, tap.as_ref()) {
             Ok(p) => p,
@@ -153,6 +157,9 @@ impl Poller {
         let spawned = std::thread::Builder::new()
             .name(format!("poll-{name}"))
             .spawn(move || {
+                if let Some(level) = nice {
+                    set_own_nice(&name, "poller", level);
+                }
                 let Ok(iface) = take.recv() else { return };
                 let caught = panic::catch_unwind(AssertUnwindSafe(|| {
                     run(name.clone(), iface, tap.as_ref(), poll, fds, &request2)
@@ -233,6 +240,14 @@ impl Poller {
         {
             tracing::error!("poller thread panicked");
         }
+    }
+}
+
+/// Set the calling thread's nice level to `level` (a thread of interface `iface`, named
+/// `what` in the warning if that fails: it then runs at the level it inherited).
+pub(crate) fn set_own_nice(iface: &str, what: &str, level: i32) {
+    if let Err(e) = crate::sys::process::set_thread_nice(level) {
+        tracing::warn!(%iface, error = %e, nice = level, "setting the {what} thread's nice level to the daemon's failed: it runs at the restart supervisor's");
     }
 }
 

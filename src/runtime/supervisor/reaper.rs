@@ -24,15 +24,26 @@ pub(super) struct ReaperThread {
 }
 
 impl ReaperThread {
-    /// Give `r` to the thread, starting it if it is not running. An error: it could not
-    /// be started (the endpoint's teardown then destroys the retired objects, later than
-    /// their grace).
-    pub(super) fn watch(&mut self, name: &str, r: Arc<dyn Reaper>) -> std::io::Result<()> {
+    /// Give `r` to the thread, starting it if it is not running (with `nice`, the thread
+    /// sets its nice level to it first thing). An error: it could not be started (the
+    /// endpoint's teardown then destroys the retired objects, later than their grace).
+    pub(super) fn watch(
+        &mut self,
+        name: &str,
+        r: Arc<dyn Reaper>,
+        nice: Option<i32>,
+    ) -> std::io::Result<()> {
         if self.tx.is_none() {
             let (tx, rx) = unbounded();
+            let iface = name.to_string();
             let t = std::thread::Builder::new()
                 .name(format!("reap-{name}"))
-                .spawn(move || reap(rx))?;
+                .spawn(move || {
+                    if let Some(level) = nice {
+                        crate::runtime::poller::set_own_nice(&iface, "reaper", level);
+                    }
+                    reap(rx)
+                })?;
             self.tx = Some(tx);
             self.thread = Some(t);
         }

@@ -48,31 +48,6 @@ struct Settled {
     took: Duration,
 }
 
-/// The supervisor thread's nice level against the daemon's (`restart-nice`).
-#[derive(Debug, Clone, Copy)]
-struct Nice {
-    /// The level the thread had (the daemon's), for the threads it starts.
-    base: i32,
-    /// The level it runs at.
-    restart: i32,
-}
-
-/// Run `spawn` at the daemon's nice level if the supervisor runs at another, so that
-/// the thread it starts (a poller, the reaper) does not inherit the supervisor's.
-fn at_base_nice<T>(nice: Option<Nice>, spawn: impl FnOnce() -> T) -> T {
-    let Some(n) = nice else {
-        return spawn();
-    };
-    if let Err(e) = process::set_thread_nice(n.base) {
-        tracing::warn!(error = %e, level = n.base, "setting the supervisor's nice level back for a thread it starts failed");
-    }
-    let r = spawn();
-    if let Err(e) = process::set_thread_nice(n.restart) {
-        tracing::warn!(error = %e, level = n.restart, "setting the supervisor's nice level again failed");
-    }
-    r
-}
-
 /// The state of one supervisor's thread.
 pub(super) struct SupervisorThread {
     s: Supervised,
@@ -104,8 +79,9 @@ pub(super) struct SupervisorThread {
     settled: Option<Settled>,
     reaper_thread: ReaperThread,
     rehearsal: Rehearsal,
-    /// Set once the thread runs at `restart-nice`.
-    nice: Option<Nice>,
+    /// The daemon's nice level, set once this thread runs at `restart-nice`: the threads
+    /// it starts set theirs to it.
+    daemon_nice: Option<i32>,
 }
 
 /// Where the restart rehearsed at start stands ([`Supervised::rehearse`]).
@@ -141,7 +117,7 @@ impl SupervisorThread {
             settled: None,
             reaper_thread: ReaperThread::default(),
             rehearsal: Rehearsal::Off,
-            nice: None,
+            daemon_nice: None,
         }
     }
 
@@ -165,10 +141,7 @@ impl SupervisorThread {
         match process::set_thread_nice(level) {
             Ok(()) => {
                 tracing::info!(iface = %self.s.name, nice = level, daemon_nice = base, "the restart supervisor runs at its own nice level");
-                self.nice = Some(Nice {
-                    base,
-                    restart: level,
-                });
+                self.daemon_nice = Some(base);
             }
             Err(e) => {
                 tracing::warn!(iface = %self.s.name, error = %e, nice = level, daemon_nice = base, "restart-nice: setting the supervisor's nice level failed (raising it needs CAP_SYS_NICE or a RLIMIT_NICE that allows it): restarts run at the daemon's");
@@ -653,7 +626,7 @@ impl SupervisorThread {
             return;
         }
         let (thread, name) = (&mut self.reaper_thread, &self.s.name);
-        if let Err(e) = at_base_nice(self.nice, || thread.watch(name, r)) {
+        if let Err(e) = thread.watch(name, r, self.daemon_nice) {
             // The endpoint's teardown destroys them all, later than their grace.
             tracing::error!(iface = %self.s.name, error = %e, "starting the reaper thread failed: replaced QPs wait for the teardown");
         }
@@ -708,14 +681,16 @@ impl SupervisorThread {
         iface.announce_once(t0);
         let start = Instant::now();
         let announce = start - t0;
-        let p = at_base_nice(self.nice, || {
-            Poller::try_spawn(
-                self.s.name.clone(),
-                iface,
-                self.s.tap.clone(),
-                self.exits_tx.clone(),
-            )
-        })?;
+        // The poller goes to the daemon's level itself, as it starts: the supervisor
+        // stays at its own through the start (dropping it around the spawn put the
+        // restart behind the load at the moment it was nearly done).
+        let p = Poller::try_spawn(
+            self.s.name.clone(),
+            iface,
+            self.s.tap.clone(),
+            self.exits_tx.clone(),
+            self.daemon_nice,
+        )?;
         let spawned = start.elapsed();
         if let Ok(mut st) = self.s.status.lock() {
             st.state = if self.rehearsal == Rehearsal::Asked {
