@@ -22,7 +22,7 @@ const FUNCTIONS: &[&str] = &[
     "ibv_open_device",
     "ibv_close_device",
     "ibv_query_port",
-    "ibv_query_gid",
+    "_ibv_query_gid_ex",
     "ibv_alloc_pd",
     "ibv_dealloc_pd",
     "ibv_reg_mr",
@@ -50,6 +50,7 @@ const TYPES: &[&str] = &[
     "ibv_device",
     "ibv_port_attr",
     "ibv_gid",
+    "ibv_gid_entry",
     "ibv_pd",
     "ibv_mr",
     "ibv_comp_channel",
@@ -77,6 +78,7 @@ const BITFIELDS: &[&str] = &[
 /// Value sets: modules of constants.
 const CONSTANTS: &[&str] = &[
     "ibv_mtu",
+    "ibv_gid_type",
     "ibv_port_state",
     "ibv_qp_type",
     "ibv_qp_state",
@@ -98,7 +100,8 @@ fn main() {
     println!("cargo:rerun-if-env-changed=LIBCLANG_PATH");
 
     let ibverbs = match pkg_config::Config::new()
-        .atleast_version("1.8.28")
+        // 1.11 (rdma-core 32): `_ibv_query_gid_ex`.
+        .atleast_version("1.11.32")
         .probe("libibverbs")
     {
         Ok(lib) => lib,

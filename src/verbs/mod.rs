@@ -482,9 +482,11 @@ pub trait Endpoint: Send {
     /// the protection domain). The endpoint must not be watched ([`Endpoint::watch`])
     /// while this runs.
     ///
-    /// Before replacing anything the port is queried again: if its active MTU, or the
-    /// GID this endpoint would choose now, differs from what it was opened with, this
-    /// fails and nothing changes. It also fails once the device was reported lost
+    /// Before replacing anything the port is queried again: if its active MTU differs
+    /// from what it was opened with, or its GID table no longer holds the endpoint's GID
+    /// (of the same kind) at the endpoint's index, this fails and nothing changes (which
+    /// GID the endpoint would choose now is [`Endpoint::gid_now`]'s question, asked at
+    /// each [`AsyncEvent::GidChange`]). It also fails once the device was reported lost
     /// ([`AsyncEvent::DeviceFatal`] / [`AsyncEvent::DeviceRemoved`]). After any `Err` the
     /// caller drops the endpoint and opens a new one (the old QP, in whatever state, is
     /// still the endpoint's, so dropping it is always sound).

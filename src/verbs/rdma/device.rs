@@ -222,24 +222,24 @@ pub(super) fn mtu_bytes(mtu: ibv_mtu::Type) -> Option<u32> {
     }
 }
 
-/// The type of a GID table entry, from sysfs `gid_attrs/types/<index>`.
+/// The type of a GID table entry (`ibv_gid_entry::gid_type`; sysfs `gid_attrs/types/<i>`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum GidType {
-    /// `RoCE v2`: UDP/IP encapsulation; IPv4-mapped GIDs give IPv4 GRHs.
+    /// RoCE v2: UDP/IP encapsulation; IPv4-mapped GIDs give IPv4 GRHs.
     RoceV2,
-    /// `IB/RoCE v1`.
+    /// IB or RoCE v1 (sysfs `IB/RoCE v1`).
     IbRoceV1,
     /// Unreadable or unknown (the text, if any).
     Unknown(String),
 }
 
 impl GidType {
-    /// Parse the sysfs text.
-    pub(super) fn parse(text: &str) -> GidType {
-        match text.trim() {
-            "RoCE v2" => GidType::RoceV2,
-            "IB/RoCE v1" => GidType::IbRoceV1,
-            other => GidType::Unknown(other.to_string()),
+    /// From `ibv_gid_entry::gid_type` (`enum ibv_gid_type`).
+    pub(super) fn from_verbs(t: u32) -> GidType {
+        match t {
+            ibv_gid_type::IBV_GID_TYPE_ROCE_V2 => GidType::RoceV2,
+            ibv_gid_type::IBV_GID_TYPE_IB | ibv_gid_type::IBV_GID_TYPE_ROCE_V1 => GidType::IbRoceV1,
+            other => GidType::Unknown(format!("ibv_gid_type {other}")),
         }
     }
 }
@@ -254,34 +254,11 @@ fn gid_attr_path(device: &str, port: u8, attr: &str, index: u8) -> PathBuf {
         .join(index.to_string())
 }
 
-/// Read the type of GID `index` (sysfs: `ibv_query_gid_ex`, which also has it, is newer than rdma-core 44's `ibv_query_gid` path used here).
-fn read_gid_type(device: &str, port: u8, index: u8) -> GidType {
-    match std::fs::read_to_string(gid_attr_path(device, port, "types", index)) {
-        Ok(text) => GidType::parse(&text),
-        Err(e) => GidType::Unknown(format!("unreadable: {e}")),
-    }
-}
-
 /// The network device behind GID `index` (RoCE only), from `gid_attrs/ndevs/<index>`.
 pub(super) fn gid_netdev(device: &str, port: u8, index: u8) -> Option<String> {
     let text = std::fs::read_to_string(gid_attr_path(device, port, "ndevs", index)).ok()?;
     let name = text.trim();
     (!name.is_empty()).then(|| name.to_string())
-}
-
-/// Read GID `index` of `port`.
-fn query_gid(ctx: &Context, port: u8, index: u8) -> Result<Gid, VerbsError> {
-    let mut gid: ibv_gid = zeroed();
-    // SAFETY: `ctx` is open; `gid` is a valid 16-byte out-union.
-    let ret = unsafe { ibv_query_gid(ctx.as_ptr(), port, c_int::from(index), &mut gid) };
-    if ret != 0 {
-        return Err(VerbsError::verb(
-            "ibv_query_gid",
-            super::objects::ret_errno(ret),
-        ));
-    }
-    // SAFETY: every bit pattern of the union is a valid `[u8; 16]`.
-    Ok(Gid(unsafe { gid.raw }))
 }
 
 /// The GID an endpoint uses.
@@ -299,6 +276,42 @@ impl GidChoice {
     }
 }
 
+/// GID entry `index` of `port` as the table holds it now, GID and type in one call
+/// (`ibv_query_gid_ex`: one ioctl; reading the type from sysfs instead took ~1 ms per
+/// entry in the lab's guests, docs/PERFORMANCE.md). An empty entry reads as the zero
+/// GID.
+pub(super) fn gid_entry(ctx: &Context, port: u8, index: u8) -> Result<GidChoice, VerbsError> {
+    let mut entry: ibv_gid_entry = zeroed();
+    // SAFETY: `ctx` is open; `entry` is a valid out-struct of the size passed.
+    let ret = unsafe {
+        _ibv_query_gid_ex(
+            ctx.as_ptr(),
+            u32::from(port),
+            u32::from(index),
+            &mut entry,
+            0,
+            size_of::<ibv_gid_entry>(),
+        )
+    };
+    if ret == libc::ENODATA {
+        return Ok(GidChoice {
+            index,
+            gid: Gid::ZERO,
+            gid_type: GidType::Unknown("empty".into()),
+        });
+    }
+    if ret != 0 {
+        return Err(VerbsError::verb("ibv_query_gid_ex", ret));
+    }
+    // SAFETY: every bit pattern of the union is a valid `[u8; 16]`.
+    let gid = Gid(unsafe { entry.gid.raw });
+    Ok(GidChoice {
+        index,
+        gid,
+        gid_type: GidType::from_verbs(entry.gid_type),
+    })
+}
+
 /// Read the port's GID table now and pick the endpoint's GID (see [`select_gid`]).
 pub(super) fn choose_gid(
     ctx: &Context,
@@ -310,8 +323,11 @@ pub(super) fn choose_gid(
     select_gid(
         table_len,
         want,
-        |i| query_gid(ctx, port, i),
-        |i| read_gid_type(device, port, i),
+        |i| gid_entry(ctx, port, i).map(|e| e.gid),
+        |i| match gid_entry(ctx, port, i) {
+            Ok(e) => e.gid_type,
+            Err(e) => GidType::Unknown(format!("unreadable: {e}")),
+        },
     )
     .map_err(|e| match e {
         Selection::Verb(v) => v,
@@ -472,6 +488,25 @@ mod tests {
     }
 
     #[test]
+    fn the_verbs_gid_types_are_told_apart() {
+        assert_eq!(
+            GidType::from_verbs(ibv_gid_type::IBV_GID_TYPE_ROCE_V2),
+            GidType::RoceV2
+        );
+        // RoCE v1 and IB alike (sysfs calls both "IB/RoCE v1"): no IPv4 GRH either way.
+        for t in [
+            ibv_gid_type::IBV_GID_TYPE_IB,
+            ibv_gid_type::IBV_GID_TYPE_ROCE_V1,
+        ] {
+            assert_eq!(GidType::from_verbs(t), GidType::IbRoceV1);
+        }
+        assert_eq!(
+            GidType::from_verbs(7),
+            GidType::Unknown("ibv_gid_type 7".into())
+        );
+    }
+
+    #[test]
     fn only_an_ethernet_link_layer_is_accepted() {
         assert!(check_link_layer("rxe0", 1, LINK_LAYER_ETHERNET).is_ok());
         for ll in [LINK_LAYER_INFINIBAND, LINK_LAYER_UNSPECIFIED] {
@@ -487,10 +522,7 @@ mod tests {
     }
 
     #[test]
-    fn gid_type_and_mtu_parse() {
-        assert_eq!(GidType::parse("RoCE v2\n"), GidType::RoceV2);
-        assert_eq!(GidType::parse("IB/RoCE v1\n"), GidType::IbRoceV1);
-        assert!(matches!(GidType::parse("x"), GidType::Unknown(_)));
+    fn mtu_enums_read_as_bytes() {
         assert_eq!(mtu_bytes(ibv_mtu::IBV_MTU_1024), Some(1024));
         assert_eq!(mtu_bytes(ibv_mtu::IBV_MTU_4096), Some(4096));
         assert_eq!(mtu_bytes(0), None);

@@ -47,6 +47,8 @@ unsafe impl Pod for ibv_wc {}
 unsafe impl Pod for ibv_ah_attr {}
 // SAFETY: as above (a 16-byte union of a byte array and two u64).
 unsafe impl Pod for ibv_gid {}
+// SAFETY: as above (an `ibv_gid` and four u32).
+unsafe impl Pod for ibv_gid_entry {}
 
 /// A zeroed C struct.
 pub(super) fn zeroed<T: Pod>() -> T {

@@ -65,25 +65,31 @@ impl RdmaEndpoint {
         }
         // Where the time goes (logged): each step's end, from `t0`.
         let t0 = Instant::now();
-        let mut marks = [0.0f64; 7];
+        let mut marks = [0.0f64; 8];
         let mut mark = |i: usize| marks[i] = t0.elapsed().as_secs_f64() * 1e3;
         // Nothing is destroyed here: the retired queues are the reaper's.
         let mut first: Option<VerbsError> = None;
         mark(0);
-        // Re-read the port and the GID table (they move after port flaps and re-adds):
-        // the registered slots are sized for the old MTU and the GID is our address.
+        // Re-read the port and the endpoint's GID entry (they move after port flaps and
+        // re-adds): the registered slots are sized for the old MTU and the GID is our
+        // address. Only the entry at the endpoint's index is read, not the whole table
+        // (one GID and one type instead of a scan: on rxe under emulation the scan was
+        // most of the renewal, docs/PERFORMANCE.md): the endpoint stays on its GID as
+        // long as the table holds it there. Which GID it would choose now is checked at
+        // each GID change the port reports (`gid_now`, by the poller).
         let cfg = &self.cfg;
         let port = device::query_port(&self.ctx, &cfg.device, cfg.port)?;
-        let gid = device::choose_gid(
-            &self.ctx,
-            &cfg.device,
-            cfg.port,
-            port.gid_tbl_len,
-            cfg.gid_index,
-        )?;
+        mark(7);
+        let index = self.attrs.gid_index;
+        if usize::from(index) >= port.gid_tbl_len {
+            return Err(VerbsError::RenewRefused(format!(
+                "GID index {index} is beyond the port's table now ({} entries)",
+                port.gid_tbl_len
+            )));
+        }
+        let gid = device::gid_entry(&self.ctx, cfg.port, index)?;
         if port.mtu != self.attrs.port_mtu
             || gid.gid != self.attrs.gid
-            || gid.index != self.attrs.gid_index
             || grh_kind(&gid) != self.attrs.grh_kind
         {
             return Err(VerbsError::RenewRefused(format!(
@@ -201,8 +207,9 @@ impl RdmaEndpoint {
         let old_qpn = self.attrs.qpn;
         self.attrs.qpn = self.qp.qp_num();
         self.attrs.max_inline = max_inline;
-        // (The last two only when the old QP is destroyed here: its destroy, then its CQs
-        // handed to the reaper.)
+        // (`qp_destroyed_ms` and `cqs_retired_ms` only when the old QP is destroyed here:
+        // its destroy, then its CQs handed to the reaper; `query_port_ms` is the end of
+        // the port's query, `port_ms` of the GID entry's read after it.)
         let [
             prev_ms,
             port_ms,
@@ -211,10 +218,11 @@ impl RdmaEndpoint {
             detach_ms,
             qp_destroyed_ms,
             cqs_retired_ms,
+            query_port_ms,
         ] = marks;
         tracing::debug!(
             device = %self.attrs.device, old_qpn, qpn = self.attrs.qpn, spare_used, old = ?mode,
-            prev_ms, port_ms, queues_ms, attach_ms, detach_ms, qp_destroyed_ms, cqs_retired_ms,
+            prev_ms, query_port_ms, port_ms, queues_ms, attach_ms, detach_ms, qp_destroyed_ms, cqs_retired_ms,
             "verbs endpoint renewed: new QP and CQs, context, PD, MR and channel kept \
              (ms since the start of the renewal at the end of each step)"
         );
