@@ -293,15 +293,16 @@ pub(super) fn gid_entry(ctx: &Context, port: u8, index: u8) -> Result<GidChoice,
             size_of::<ibv_gid_entry>(),
         )
     };
-    if ret == libc::ENODATA {
-        return Ok(GidChoice {
-            index,
-            gid: Gid::ZERO,
-            gid_type: GidType::Unknown("empty".into()),
-        });
-    }
     if ret != 0 {
-        return Err(VerbsError::verb("ibv_query_gid_ex", ret));
+        let errno = super::objects::ret_errno(ret);
+        if errno == libc::ENODATA {
+            return Ok(GidChoice {
+                index,
+                gid: Gid::ZERO,
+                gid_type: GidType::Unknown("empty".into()),
+            });
+        }
+        return Err(VerbsError::verb("ibv_query_gid_ex", errno));
     }
     // SAFETY: every bit pattern of the union is a valid `[u8; 16]`.
     let gid = Gid(unsafe { entry.gid.raw });
