@@ -326,8 +326,9 @@ pub enum VerbsError {
     /// An address handle the endpoint does not own.
     #[error("unknown address handle {0:?}")]
     UnknownAh(AhHandle),
-    /// [`Endpoint::restart`] refused: the device was lost, or the port or GID table changed
-    /// since the endpoint was opened. Open a new endpoint instead.
+    /// [`Endpoint::restart`] refused: the device was lost, or the port's MTU or the
+    /// endpoint's GID entry changed since the endpoint was opened. Open a new endpoint
+    /// instead.
     #[error("cannot renew the endpoint's QP and CQs: {0}; it must be reopened")]
     RenewRefused(String),
 }
@@ -484,9 +485,10 @@ pub trait Endpoint: Send {
     ///
     /// Before replacing anything the port is queried again: if its active MTU differs
     /// from what it was opened with, or its GID table no longer holds the endpoint's GID
-    /// (of the same kind) at the endpoint's index, this fails and nothing changes (which
-    /// GID the endpoint would choose now is [`Endpoint::gid_now`]'s question, asked at
-    /// each [`AsyncEvent::GidChange`]). It also fails once the device was reported lost
+    /// at the endpoint's index (with the same GRH kind: IPv4 for an IPv4-mapped RoCE v2
+    /// GID), this fails and nothing changes. Which GID the endpoint would choose now is
+    /// [`Endpoint::gid_now`]'s question, asked at each [`AsyncEvent::GidChange`]; a
+    /// different answer reopens the endpoint, never renews it. It also fails once the device was reported lost
     /// ([`AsyncEvent::DeviceFatal`] / [`AsyncEvent::DeviceRemoved`]). After any `Err` the
     /// caller drops the endpoint and opens a new one (the old QP, in whatever state, is
     /// still the endpoint's, so dropping it is always sound).

@@ -22,7 +22,7 @@
 //! [`crate::verbs`].
 //!
 //! Layout:
-//! - `device`: device lookup, port query, GID table (with the sysfs GID type), MTU;
+//! - `device`: device lookup, port query, GID entries (GID and type, `ibv_query_gid_ex`), MTU;
 //! - `objects`: the owning wrappers, the buffer region, errno helpers, the teardown log;
 //! - `cm`: the removal watcher (an rdma_cm id over the kernel ABI, see there why not
 //!   librdmacm);

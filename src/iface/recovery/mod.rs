@@ -482,10 +482,14 @@ impl Recovery {
     ) {
         let lost = matches!(cause, Failure::PollerPanicked(_));
         let device_lost = cause.device_lost();
+        // The endpoint moves to the GID it would choose now, and only an open chooses
+        // one (a renewal keeps the endpoint's GID for as long as the table holds it at
+        // the endpoint's index).
+        let gid_changed = matches!(cause, Failure::GidChanged { .. });
         // The carrier stays on through a restart that keeps the device (the TAP holds
         // what the kernel sends meanwhile, and the next epoch carries it); it goes off
         // when the device is reopened from scratch, and before any wait.
-        if lost || device_lost {
+        if lost || device_lost || gid_changed {
             acts.push(Action::CarrierOff);
         }
         acts.push(Action::Status(State::Restarting));
@@ -518,6 +522,11 @@ impl Recovery {
             // waits until the endpoint is closed: close it at once, reaping everything.
             acts.push(Action::Close {
                 drain: false,
+                keep: false,
+            });
+        } else if gid_changed {
+            acts.push(Action::Close {
+                drain: !untrusted,
                 keep: false,
             });
         } else {

@@ -270,6 +270,22 @@ fn a_failed_poll_is_never_drained_and_its_qp_destroyed_first() {
 }
 
 #[test]
+fn a_gid_change_reopens_the_device_on_the_gid_chosen_now() {
+    let c = clock();
+    let mut m = Recovery::new(policy(), 1, c.t(0));
+    let cause = Failure::GidChanged {
+        was: "::ffff:198.18.0.1 at index 1".into(),
+        now: "::ffff:198.18.0.9 at index 0".into(),
+    };
+    let acts = m.handle(failed(cause, false, c.t(100)), c.t(100), 0);
+    assert_eq!(acts, handed_over(true, false));
+    assert_eq!(
+        m.handle(Event::Closed(torn(false)), c.t(105), 0),
+        vec![reopen(2, false)]
+    );
+}
+
+#[test]
 fn failed_opens_back_off_doubling_and_a_healthy_period_resets_the_backoff() {
     let c = clock();
     let mut m = Recovery::new(policy(), 1, c.t(0));

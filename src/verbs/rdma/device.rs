@@ -321,16 +321,7 @@ pub(super) fn choose_gid(
     table_len: usize,
     want: Option<u8>,
 ) -> Result<GidChoice, VerbsError> {
-    select_gid(
-        table_len,
-        want,
-        |i| gid_entry(ctx, port, i).map(|e| e.gid),
-        |i| match gid_entry(ctx, port, i) {
-            Ok(e) => e.gid_type,
-            Err(e) => GidType::Unknown(format!("unreadable: {e}")),
-        },
-    )
-    .map_err(|e| match e {
+    select_gid(table_len, want, |i| gid_entry(ctx, port, i)).map_err(|e| match e {
         Selection::Verb(v) => v,
         Selection::NoGid(why) => VerbsError::NoGid {
             device: device.to_string(),
@@ -347,14 +338,14 @@ pub(super) enum Selection {
     NoGid(String),
 }
 
-/// Pick a GID. With `want = Some(i)`: entry `i`, which must exist and be non-zero.
-/// With `None`: the first RoCEv2 IPv4-mapped entry, else the first non-zero entry.
-/// Entries whose query fails during a scan are skipped (and named if nothing is found).
+/// Pick a GID from the entries `entry_at` reads (each its GID and type, read together).
+/// With `want = Some(i)`: entry `i`, which must exist and be non-zero. With `None`: the
+/// first RoCEv2 IPv4-mapped entry, else the first non-zero entry. Entries whose read
+/// fails during a scan are skipped (and named if nothing is found).
 pub(super) fn select_gid(
     table_len: usize,
     want: Option<u8>,
-    mut gid_at: impl FnMut(u8) -> Result<Gid, VerbsError>,
-    mut type_at: impl FnMut(u8) -> GidType,
+    mut entry_at: impl FnMut(u8) -> Result<GidChoice, VerbsError>,
 ) -> Result<GidChoice, Selection> {
     if let Some(index) = want {
         if usize::from(index) >= table_len {
@@ -362,50 +353,35 @@ pub(super) fn select_gid(
                 "GID index {index} is beyond the table ({table_len} entries)"
             )));
         }
-        let gid = gid_at(index).map_err(Selection::Verb)?;
-        if gid.is_zero() {
+        let e = entry_at(index).map_err(Selection::Verb)?;
+        if e.gid.is_zero() {
             return Err(Selection::NoGid(format!("GID index {index} is empty")));
         }
-        return Ok(GidChoice {
-            index,
-            gid,
-            gid_type: type_at(index),
-        });
+        return Ok(e);
     }
-    let mut first_nonzero: Option<(u8, Gid)> = None;
+    let mut first_nonzero: Option<GidChoice> = None;
     let mut last_err = None;
     for i in 0..table_len.min(MAX_GID_SCAN) {
         let Ok(index) = u8::try_from(i) else { break };
-        let gid = match gid_at(index) {
-            Ok(g) => g,
-            Err(e) => {
-                last_err = Some(format!("index {index}: {e}"));
+        let e = match entry_at(index) {
+            Ok(e) => e,
+            Err(err) => {
+                last_err = Some(format!("index {index}: {err}"));
                 continue;
             }
         };
-        if gid.is_zero() {
+        if e.gid.is_zero() {
             continue;
         }
-        if first_nonzero.is_none() {
-            first_nonzero = Some((index, gid));
+        if e.is_ipv4_rocev2() {
+            return Ok(e);
         }
-        if gid.as_ipv4().is_some() {
-            let gid_type = type_at(index);
-            if gid_type == GidType::RoceV2 {
-                return Ok(GidChoice {
-                    index,
-                    gid,
-                    gid_type,
-                });
-            }
+        if first_nonzero.is_none() {
+            first_nonzero = Some(e);
         }
     }
     match first_nonzero {
-        Some((index, gid)) => Ok(GidChoice {
-            index,
-            gid,
-            gid_type: type_at(index),
-        }),
+        Some(e) => Ok(e),
         None => Err(Selection::NoGid(match last_err {
             Some(e) => format!("no non-zero GID in {table_len} entries (last error: {e})"),
             None => format!("no non-zero GID in {table_len} entries"),
@@ -428,12 +404,14 @@ mod tests {
     }
 
     fn pick(t: &[(Gid, GidType)], want: Option<u8>) -> Result<GidChoice, Selection> {
-        select_gid(
-            t.len(),
-            want,
-            |i| Ok(t[usize::from(i)].0),
-            |i| t[usize::from(i)].1.clone(),
-        )
+        select_gid(t.len(), want, |i| {
+            let (gid, gid_type) = t[usize::from(i)].clone();
+            Ok(GidChoice {
+                index: i,
+                gid,
+                gid_type,
+            })
+        })
     }
 
     #[test]
@@ -465,14 +443,11 @@ mod tests {
 
     #[test]
     fn empty_table_and_failing_queries_are_no_gid() {
-        let r = select_gid(
-            3,
-            None,
-            |_| Err(VerbsError::verb("ibv_query_gid", libc::EINVAL)),
-            |_| GidType::RoceV2,
-        );
+        let r = select_gid(3, None, |_| {
+            Err(VerbsError::verb("ibv_query_gid_ex", libc::EINVAL))
+        });
         match r {
-            Err(Selection::NoGid(why)) => assert!(why.contains("ibv_query_gid"), "{why}"),
+            Err(Selection::NoGid(why)) => assert!(why.contains("ibv_query_gid_ex"), "{why}"),
             other => panic!("{other:?}"),
         }
         assert!(matches!(pick(&[], None), Err(Selection::NoGid(_))));

@@ -151,7 +151,8 @@ struct McastJoin {
 /// [`RdmaEndpoint::close`] does the same and returns the first failure.
 pub struct RdmaEndpoint {
     attrs: EndpointAttrs,
-    /// What it was opened with (`restart` re-reads the port and GID table against it).
+    /// What it was opened with (`restart` re-reads the port and the endpoint's GID entry
+    /// against it).
     cfg: EndpointConfig,
     log: TeardownLog,
     link_layer: u8,

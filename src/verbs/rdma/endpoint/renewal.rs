@@ -76,7 +76,8 @@ impl RdmaEndpoint {
         // (one GID and one type instead of a scan: on rxe under emulation the scan was
         // most of the renewal, docs/PERFORMANCE.md): the endpoint stays on its GID as
         // long as the table holds it there. Which GID it would choose now is checked at
-        // each GID change the port reports (`gid_now`, by the poller).
+        // each GID change the port reports (`gid_now`, by the poller), and a different
+        // choice reopens the endpoint (the restart machine does not renew after it).
         let cfg = &self.cfg;
         let port = device::query_port(&self.ctx, &cfg.device, cfg.port)?;
         mark(7);
