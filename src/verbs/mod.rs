@@ -488,10 +488,11 @@ pub trait Endpoint: Send {
     /// at the endpoint's index (with the same GRH kind: IPv4 for an IPv4-mapped RoCE v2
     /// GID), this fails and nothing changes. Which GID the endpoint would choose now is
     /// [`Endpoint::gid_now`]'s question, asked at each [`AsyncEvent::GidChange`]; a
-    /// different answer reopens the endpoint, never renews it. It also fails once the device was reported lost
-    /// ([`AsyncEvent::DeviceFatal`] / [`AsyncEvent::DeviceRemoved`]). After any `Err` the
-    /// caller drops the endpoint and opens a new one (the old QP, in whatever state, is
-    /// still the endpoint's, so dropping it is always sound).
+    /// different answer reopens the endpoint, never renews it. It also fails once the
+    /// device was reported lost ([`AsyncEvent::DeviceFatal`] /
+    /// [`AsyncEvent::DeviceRemoved`]). After any `Err` the caller drops the endpoint and
+    /// opens a new one (the old QP, in whatever state, is still the endpoint's, so
+    /// dropping it is always sound).
     fn restart(&mut self) -> Result<(), VerbsError>;
 
     /// [`Endpoint::restart`], but the replaced QP is destroyed before this returns instead
