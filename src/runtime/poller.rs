@@ -158,7 +158,7 @@ impl Poller {
             .name(format!("poll-{name}"))
             .spawn(move || {
                 if let Some(level) = nice {
-                    set_own_nice(&name, "poller", level);
+                    super::set_own_nice(&name, "poller", level);
                 }
                 let Ok(iface) = take.recv() else { return };
                 let caught = panic::catch_unwind(AssertUnwindSafe(|| {
@@ -240,14 +240,6 @@ impl Poller {
         {
             tracing::error!("poller thread panicked");
         }
-    }
-}
-
-/// Set the calling thread's nice level to `level` (a thread of interface `iface`, named
-/// `what` in the warning if that fails: it then runs at the level it inherited).
-pub(crate) fn set_own_nice(iface: &str, what: &str, level: i32) {
-    if let Err(e) = crate::sys::process::set_thread_nice(level) {
-        tracing::warn!(%iface, error = %e, nice = level, "setting the {what} thread's nice level to the daemon's failed: it runs at the restart supervisor's");
     }
 }
 

@@ -524,19 +524,15 @@ impl Recovery {
                 drain: false,
                 keep: false,
             });
-        } else if gid_changed {
-            acts.push(Action::Close {
-                drain: !untrusted,
-                keep: false,
-            });
         } else {
             // Anything else keeps the device context, PD, registered memory and channel,
-            // and replaces only the QP and CQs. A failed poll's CQs are never polled
-            // again: no drain.
+            // and replaces only the QP and CQs; a GID change reopens the device, the only
+            // way to choose the GID again. A failed poll's CQs are never polled again: no
+            // drain.
             let poll_failed = untrusted || matches!(cause, Failure::PollFailed(_));
             acts.push(Action::Close {
                 drain: !poll_failed,
-                keep: true,
+                keep: !gid_changed,
             });
         }
     }

@@ -64,7 +64,7 @@ pub const DEFAULT_TAP_OFFLOAD: bool = true;
 pub const DEFAULT_SPARE_BANK: bool = true;
 
 /// Rehearse the restart after a failed poll once at start, before the first
-/// announcement ([`crate::iface::Interface::rehearse_restart`]): a boot's first restart
+/// announcement (the supervisor runs it as `Failure::Rehearsal`): a boot's first restart
 /// then does not pay for running its code for the first time. See docs/PERFORMANCE.md.
 pub const DEFAULT_REHEARSE_RESTART: bool = true;
 

@@ -161,7 +161,7 @@ pub struct Supervised {
     /// Status shown on the control socket.
     pub status: Arc<Mutex<Status>>,
     /// Rehearse the restart after a failed poll once, as soon as the first poller runs
-    /// (`rehearse-restart`; see [`SupervisorThread::run`]).
+    /// (`rehearse-restart`; the supervisor thread runs it before the first announcement).
     pub rehearse: bool,
     /// The supervisor thread's nice level (`restart-nice`; `None`: the daemon's). The
     /// threads it starts run at the daemon's.

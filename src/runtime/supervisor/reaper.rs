@@ -40,7 +40,7 @@ impl ReaperThread {
                 .name(format!("reap-{name}"))
                 .spawn(move || {
                     if let Some(level) = nice {
-                        crate::runtime::poller::set_own_nice(&iface, "reaper", level);
+                        crate::runtime::set_own_nice(&iface, "reaper", level);
                     }
                     reap(rx)
                 })?;

@@ -280,7 +280,7 @@ impl GidChoice {
 /// (`ibv_query_gid_ex`: one ioctl; reading the type from sysfs instead took ~1 ms per
 /// entry in the lab's guests, docs/PERFORMANCE.md). An empty entry reads as the zero
 /// GID.
-pub(super) fn gid_entry(ctx: &Context, port: u8, index: u8) -> Result<GidChoice, VerbsError> {
+fn gid_entry(ctx: &Context, port: u8, index: u8) -> Result<GidChoice, VerbsError> {
     let mut entry: ibv_gid_entry = zeroed();
     // SAFETY: `ctx` is open; `entry` is a valid out-struct of the size passed.
     let ret = unsafe {

@@ -81,14 +81,17 @@ impl RdmaEndpoint {
         let cfg = &self.cfg;
         let port = device::query_port(&self.ctx, &cfg.device, cfg.port)?;
         mark(7);
-        let index = self.attrs.gid_index;
-        if usize::from(index) >= port.gid_tbl_len {
-            return Err(VerbsError::RenewRefused(format!(
-                "GID index {index} is beyond the port's table now ({} entries)",
-                port.gid_tbl_len
-            )));
-        }
-        let gid = device::gid_entry(&self.ctx, cfg.port, index)?;
+        let gid = match device::choose_gid(
+            &self.ctx,
+            &cfg.device,
+            cfg.port,
+            port.gid_tbl_len,
+            Some(self.attrs.gid_index),
+        ) {
+            Ok(g) => g,
+            Err(VerbsError::NoGid { why, .. }) => return Err(VerbsError::RenewRefused(why)),
+            Err(e) => return Err(e),
+        };
         if port.mtu != self.attrs.port_mtu
             || gid.gid != self.attrs.gid
             || grh_kind(&gid) != self.attrs.grh_kind
