@@ -611,7 +611,7 @@ def e2e_assert(out, rep):
 def hostile(a):
     out = a.out
     env = read_env(os.path.join(out, "hostile.env"))
-    margin = float(env.get("LAB_HOSTILE_LOSS_MARGIN", "5"))
+    margin = float(env.get("LAB_HOSTILE_LOSS_MARGIN", "2"))
     rss_limit = int(env.get("LAB_HOSTILE_RSS_LIMIT_KIB", "1024"))
     arp_count = int(env.get("LAB_HOSTILE_ARP_COUNT", "80000"))
     rogue_rate = env.get("LAB_HOSTILE_ROGUE_RATE")
@@ -653,16 +653,11 @@ def hostile(a):
         for role in "ab":
             for key in ("neigh_updated", "neigh_learned", "rx_packets", "tx_packets", "arp_rx", "rx_unknown_qpn"):
                 r[f"{role}_{key}"] = delta(f"hostile-{name}-before-stats-{role}.json", f"hostile-{name}-after-stats-{role}.json", key)
-        # Datagrams b's kernel dropped because iperf3's socket was full: uipoib had
-        # delivered them (b's guest has one vCPU, shared by its daemon, the iperf3 server
-        # and, in the rogue run, the rogue). The loss left is what the path lost.
+        # Datagrams b's kernel dropped because iperf3's socket was full (shown, not judged).
         u0, u1 = udp_snmp(f"hostile-{name}-before-snmp-b.txt"), udp_snmp(f"hostile-{name}-after-snmp-b.txt")
-        sock = u1["RcvbufErrors"] - u0["RcvbufErrors"] if "RcvbufErrors" in u0 and "RcvbufErrors" in u1 else None
-        r["b_rcvbuf_errors"] = sock
-        sp, rp = r["sent_packets"], r["received_packets"]
-        r["path_lost_percent"] = None
-        if isinstance(sp, int) and sp > 0 and isinstance(rp, int):
-            r["path_lost_percent"] = 100.0 * max(0, sp - rp - (sock or 0)) / sp
+        r["b_rcvbuf_errors"] = u1["RcvbufErrors"] - u0["RcvbufErrors"] if "RcvbufErrors" in u0 and "RcvbufErrors" in u1 else None
+        gap = end.get("sum", {}).get("lost_packets") if isinstance(end.get("sum"), dict) else None
+        r["iperf3_gap_lost_packets"] = recv.get("lost_packets", gap)
         return r
 
     def cnt(v):
@@ -714,16 +709,27 @@ def hostile(a):
           "(a) a's daemon saw the rogue's IPv4 as from an unknown QPN and changed no neighbour",
           f"a's rx_unknown_qpn +{unk} of {ok_sent} rogue sends; a's neigh_updated +{rog['a_neigh_updated']}; "
           f"a's packets the rogue QP received: {ri.get('rx_ipv4')} IPv4, {ri.get('rx_arp')} ARP")
-    pb, pr = base["path_lost_percent"], rog["path_lost_percent"]
-    if lb is None or lr is None or pb is None or pr is None:
+    # What uipoib carried: everything a's daemon sent while the stream ran reached b's
+    # daemon (the counters are read before and after, with both guests idle). iperf3's
+    # own receiver total is no measure of that: datagrams still queued in b's socket when
+    # the test's end arrives over the control connection go uncounted (b has one vCPU,
+    # shared with the rogue), a tail that grows with any stall at the end.
+    for label, r in (("without the rogue", base), ("with the rogue", rog)):
+        sent_n, got_n = r["a_tx_packets"], r["b_rx_packets"]
+        allow = max(5, sent_n // 200) if isinstance(sent_n, int) else None
+        check(isinstance(sent_n, int) and sent_n > 0 and isinstance(got_n, int) and got_n >= sent_n - allow,
+              f"(a) b's daemon received what a's daemon sent during the stream, {label} (within 0.5%)",
+              f"a's tx_packets +{sent_n}, b's rx_packets +{got_n}")
+    gb, gr = base["iperf3_gap_lost_percent"], rog["iperf3_gap_lost_percent"]
+    if lb is None or lr is None or gb is None or gr is None:
         check(False, "(a) UDP a -> b loss with the rogue <= without + margin",
               f"no loss figure (without: {base['error'] or lb}, with: {rog['error'] or lr})")
     else:
-        check(pr <= pb + margin, f"(a) UDP a -> b loss on the path with the rogue <= without + {margin:g} points",
-              f"without {pb:.2f}%, with {pr:.2f}% (end to end: without {lb:.2f}% "
-              f"({base['received_packets']}/{base['sent_packets']} datagrams received, b's socket dropped "
-              f"{cnt(base['b_rcvbuf_errors'])}), with {lr:.2f}% ({rog['received_packets']}/{rog['sent_packets']}, "
-              f"b's socket dropped {cnt(rog['b_rcvbuf_errors'])}))")
+        check(gr <= gb + margin, f"(a) iperf3's lost datagrams (sequence gaps) with the rogue <= without + {margin:g} points",
+              f"without {gb:.2f}% ({cnt(base['iperf3_gap_lost_packets'])} lost), with {gr:.2f}% "
+              f"({cnt(rog['iperf3_gap_lost_packets'])} lost); received of sent: without {base['received_packets']}/"
+              f"{base['sent_packets']}, with {rog['received_packets']}/{rog['sent_packets']} (the rest still queued "
+              f"at the test's end or dropped by b's socket: {cnt(base['b_rcvbuf_errors'])} / {cnt(rog['b_rcvbuf_errors'])})")
 
     # (b)
     fa = ld("hostile-arp-a.json") or {}
@@ -779,11 +785,13 @@ def hostile(a):
         "uipoib hostile-peer lab (real rdma_rxe, two QEMU guests)",
         f"  daemon a (victim): qpn {st_a.get('qpn')} gid {st_a.get('gid')}; daemon b: qpn {st_b.get('qpn')} gid {st_b.get('gid')}",
         f"  UDP a -> b: iperf3 -u -b {udp_rate} -l {udp_len} -t {udp_secs}",
-        f"    without rogue: loss {fmt(lb, '.2f')}% ({base['received_packets']}/{base['sent_packets']} datagrams received, "
+        f"    without rogue: {base['received_packets']}/{base['sent_packets']} datagrams received ({fmt(lb, '.2f')}% short, "
+        f"{cnt(base['iperf3_gap_lost_packets'])} lost in sequence gaps, "
         f"b's socket dropped {cnt(base['b_rcvbuf_errors'])}), {fmt(base['mbit_per_s'], '.2f')} Mbit/s received; "
         f"a neigh_updated +{base['a_neigh_updated']}, b neigh_updated +{base['b_neigh_updated']}",
-        f"    with rogue ({rogue_rate}/s IPv4 from qpn {ri.get('qpn')}): loss {fmt(lr, '.2f')}% "
-        f"({rog['received_packets']}/{rog['sent_packets']} datagrams received, b's socket dropped "
+        f"    with rogue ({rogue_rate}/s IPv4 from qpn {ri.get('qpn')}): {rog['received_packets']}/{rog['sent_packets']} "
+        f"datagrams received ({fmt(lr, '.2f')}% short, {cnt(rog['iperf3_gap_lost_packets'])} lost in sequence gaps, "
+        f"b's socket dropped "
         f"{cnt(rog['b_rcvbuf_errors'])}), {fmt(rog['mbit_per_s'], '.2f')} Mbit/s received; "
         f"a neigh_updated +{rog['a_neigh_updated']}, b neigh_updated +{rog['b_neigh_updated']}; "
         f"rogue received {ri.get('rx_ipv4')} IPv4 + {ri.get('rx_arp')} ARP meant for b",
