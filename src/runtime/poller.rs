@@ -116,19 +116,22 @@ impl Poller {
         tap: Arc<dyn TapDevice>,
         exits: Sender<Exit>,
     ) -> io::Result<Poller> {
-        Self::try_spawn(name, iface, tap, exits, None).map_err(|f| f.error)
+        Self::try_spawn(name, iface, tap, exits, None, &mut None).map_err(|f| f.error)
     }
 
     /// Like [`Poller::spawn`], but a failure hands the interface back. With `nice`, the
     /// thread sets its nice level to it first thing, whatever it inherited: the thread
     /// that starts it may run at another (the restart supervisor, `restart-nice`) and
-    /// keeps it through the start.
+    /// keeps it through the start. With a thread in `spare` (started ahead,
+    /// [`PollerThread::start`]), that thread runs the interface and none is created now
+    /// (should it be gone, a new one is); it stays there if the start fails before.
     pub fn try_spawn(
         name: String,
         mut iface: Interface,
         tap: Arc<dyn TapDevice>,
         exits: Sender<Exit>,
         nice: Option<i32>,
+        spare: &mut Option<PollerThread>,
     ) -> Result<Poller, SpawnFailed> {
         let (poll, fds) = match Self::poll_set(&mut iface, tap.as_ref()) {
             Ok(p) => p,
@@ -150,52 +153,71 @@ impl Poller {
             }
         };
         let request = Arc::new(AtomicU8::new(RUN));
-        let request2 = request.clone();
-        // The interface goes to the thread once it runs, so that a failed spawn can hand
-        // it back.
-        let (give, take) = crossbeam_channel::bounded::<Interface>(1);
-        let spawned = std::thread::Builder::new()
-            .name(format!("poll-{name}"))
-            .spawn(move || {
-                if let Some(level) = nice {
-                    super::set_own_nice(&name, "poller", level);
-                }
-                let Ok(iface) = take.recv() else { return };
-                let caught = panic::catch_unwind(AssertUnwindSafe(|| {
-                    run(name.clone(), iface, tap.as_ref(), poll, fds, &request2)
-                }));
-                let exit = caught.unwrap_or_else(|payload| {
-                    let message = panic_message(payload.as_ref());
-                    tracing::error!(iface = %name, %message, "the poller thread panicked: the interface is lost, the supervisor rebuilds it");
-                    Exit::Panicked {
-                        name,
-                        message,
-                        at: Instant::now(),
-                    }
-                });
-                // The receiver may be gone when the daemon is exiting; nothing to do then.
-                let _ = exits.send(exit);
-            });
-        match spawned {
-            Ok(thread) => {
-                if let Err(back) = give.send(iface) {
-                    // Cannot happen: the thread holds the receiver until it gets the
-                    // interface. Hand it back all the same.
-                    return Err(SpawnFailed {
-                        error: io::Error::other("the poller thread ended before it started"),
-                        iface: Box::new(back.into_inner()),
+        let mut job = Job {
+            name: name.clone(),
+            iface,
+            tap,
+            poll,
+            fds,
+            request: request.clone(),
+            exits,
+        };
+        if let Some(t) = spare.take() {
+            match t.give.send(job) {
+                Ok(()) => {
+                    return Ok(Poller {
+                        waker,
+                        request,
+                        thread: Some(t.thread),
                     });
                 }
-                Ok(Poller {
-                    waker,
-                    request,
-                    thread: Some(thread),
+                // Cannot happen (the thread waits for its job until its sender is
+                // dropped): a new thread takes the job.
+                Err(back) => {
+                    tracing::warn!(iface = %name, "the poller thread started ahead was gone: starting another");
+                    job = back.into_inner();
+                }
+            }
+        }
+        // The interface goes to the thread once it runs, so that a failed spawn can hand
+        // it back.
+        let t = match PollerThread::start(&name, nice) {
+            Ok(t) => t,
+            Err(error) => {
+                let Job {
+                    mut iface,
+                    poll,
+                    fds,
+                    ..
+                } = job;
+                unwatch(&mut iface, &poll, &fds);
+                return Err(SpawnFailed {
+                    error,
+                    iface: Box::new(iface),
+                });
+            }
+        };
+        match t.give.send(job) {
+            Ok(()) => Ok(Poller {
+                waker,
+                request,
+                thread: Some(t.thread),
+            }),
+            // Cannot happen: the thread holds the receiver until it gets its job. Hand
+            // the interface back all the same.
+            Err(back) => {
+                let Job {
+                    mut iface,
+                    poll,
+                    fds,
+                    ..
+                } = back.into_inner();
+                unwatch(&mut iface, &poll, &fds);
+                Err(SpawnFailed {
+                    error: io::Error::other("the poller thread ended before it started"),
+                    iface: Box::new(iface),
                 })
             }
-            Err(error) => Err(SpawnFailed {
-                error,
-                iface: Box::new(iface),
-            }),
         }
     }
 
@@ -240,6 +262,75 @@ impl Poller {
         {
             tracing::error!("poller thread panicked");
         }
+    }
+}
+
+/// What a poller thread is given to run: the interface and its poll set.
+struct Job {
+    name: String,
+    iface: Interface,
+    tap: Arc<dyn TapDevice>,
+    poll: Poll,
+    fds: WaitFds,
+    request: Arc<AtomicU8>,
+    exits: Sender<Exit>,
+}
+
+/// A poller thread started ahead of its interface, waiting for it. The restart
+/// supervisor keeps one so that a restart hands the new interface to a running thread
+/// instead of creating one on its way to recovery (1.6-1.9 ms a restart in the lab's
+/// guests, and 15-20 ms in one that comes soon after a TCP session starts:
+/// docs/PERFORMANCE.md). Dropped unused, it ends.
+pub struct PollerThread {
+    give: Sender<Job>,
+    thread: JoinHandle<()>,
+}
+
+impl PollerThread {
+    /// Start a poller thread for interface `name`; with `nice`, it sets its nice level to
+    /// it first thing (see [`Poller::try_spawn`]).
+    pub fn start(name: &str, nice: Option<i32>) -> io::Result<PollerThread> {
+        let (give, take) = crossbeam_channel::bounded::<Job>(1);
+        let iface_name = name.to_string();
+        let thread = std::thread::Builder::new()
+            .name(format!("poll-{name}"))
+            .spawn(move || {
+                if let Some(level) = nice {
+                    super::set_own_nice(&iface_name, "poller", level);
+                }
+                // No job: the thread was not needed (the daemon is ending).
+                let Ok(job) = take.recv() else { return };
+                let Job {
+                    name,
+                    iface,
+                    tap,
+                    poll,
+                    fds,
+                    request,
+                    exits,
+                } = job;
+                let caught = panic::catch_unwind(AssertUnwindSafe(|| {
+                    run(name.clone(), iface, tap.as_ref(), poll, fds, &request)
+                }));
+                let exit = caught.unwrap_or_else(|payload| {
+                    let message = panic_message(payload.as_ref());
+                    tracing::error!(iface = %name, %message, "the poller thread panicked: the interface is lost, the supervisor rebuilds it");
+                    Exit::Panicked {
+                        name,
+                        message,
+                        at: Instant::now(),
+                    }
+                });
+                // The receiver may be gone when the daemon is exiting; nothing to do then.
+                let _ = exits.send(exit);
+            })?;
+        Ok(PollerThread { give, thread })
+    }
+
+    /// Let the thread end without a job and wait for it. False if it panicked.
+    pub fn end(self) -> bool {
+        drop(self.give);
+        self.thread.join().is_ok()
     }
 }
 

@@ -111,6 +111,8 @@ pub enum Event {
         spawn: Duration,
         /// Turning the carrier on.
         carrier: Duration,
+        /// The poller runs on a thread started ahead (none was created on the way).
+        thread_ahead: bool,
     },
     /// The poller asked for could not be started; the interface is back.
     PollerStartFailed,
@@ -376,6 +378,7 @@ impl Recovery {
                     announced,
                     spawn,
                     carrier,
+                    thread_ahead,
                 },
             ) => {
                 let epoch = self.next_epoch();
@@ -389,6 +392,7 @@ impl Recovery {
                 r.phases.announce_ms = ms(announce);
                 r.phases.spawn_ms = ms(spawn);
                 r.phases.carrier_ms = ms(carrier);
+                r.poller_thread_ahead = thread_ahead;
                 if std::mem::take(&mut self.rehearsing) {
                     // Its attempt does not delay the first real restart.
                     self.backoff.reset();

@@ -51,6 +51,10 @@ pub struct RestartRecord {
     /// `phases.bank_reap_ms` is its time.
     #[serde(default)]
     pub deferred_reap: bool,
+    /// Whether the new epoch's poller runs on a thread started ahead, while the last
+    /// epoch ran (`phases.spawn_ms` then holds no thread creation).
+    #[serde(default)]
+    pub poller_thread_ahead: bool,
 }
 
 /// Where one recovery's time went, in milliseconds, in the order the phases run. Their
@@ -86,8 +90,9 @@ pub struct Phases {
     /// before the poller starts.
     #[serde(default)]
     pub announce_ms: f64,
-    /// Starting the poller: its poll set, registrations and thread (on one CPU the new
-    /// thread may run first: its first polls are then in here too).
+    /// Starting the poller: its poll set, registrations and thread (a thread started
+    /// ahead, when there is one: `poller_thread_ahead`; on one CPU the poller thread may
+    /// run first: its first polls are then in here too).
     #[serde(default)]
     pub spawn_ms: f64,
     /// The TAP carrier on (`TUNSETCARRIER`).

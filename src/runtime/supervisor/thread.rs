@@ -17,7 +17,7 @@ use crate::iface::stats;
 use crate::iface::{
     Closed, FLUSH_DEADLINE, Failure, Interface, KeptEndpoint, OpenError, Origin, PendingBank,
 };
-use crate::runtime::poller::{Exit, Poller, SpawnFailed};
+use crate::runtime::poller::{Exit, Poller, PollerThread, SpawnFailed};
 use crate::sys::process;
 use crate::tap::FrameIo;
 use crate::verbs::VerbsError;
@@ -82,6 +82,11 @@ pub(super) struct SupervisorThread {
     /// The daemon's nice level, set once this thread runs at `restart-nice`: the threads
     /// it starts set theirs to it.
     daemon_nice: Option<i32>,
+    /// A poller thread started ahead, for the next restart's poller (started while a
+    /// poller runs, off any restart's time).
+    spare: Option<PollerThread>,
+    /// Starting the spare poller thread failed last time (warned once until it works).
+    spare_failed: bool,
 }
 
 /// Where the restart rehearsed at start stands ([`Supervised::rehearse`]).
@@ -118,6 +123,27 @@ impl SupervisorThread {
             reaper_thread: ReaperThread::default(),
             rehearsal: Rehearsal::Off,
             daemon_nice: None,
+            spare: None,
+            spare_failed: false,
+        }
+    }
+
+    /// Start the poller thread the next restart will use, unless one waits already. On
+    /// failure the restart creates its poller's thread itself.
+    fn ensure_spare(&mut self) {
+        if self.spare.is_some() {
+            return;
+        }
+        match PollerThread::start(&self.s.name, self.daemon_nice) {
+            Ok(t) => {
+                self.spare = Some(t);
+                self.spare_failed = false;
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut self.spare_failed, true) {
+                    tracing::warn!(iface = %self.s.name, error = %e, "starting a poller thread ahead failed: the next restart starts its own");
+                }
+            }
         }
     }
 
@@ -186,6 +212,7 @@ impl SupervisorThread {
                 tracing::error!(iface = %self.s.name, "no poller after a restart");
                 return self.ended();
             };
+            self.ensure_spare();
             let exit = select! {
                 recv(self.orders) -> c => {
                     self.poller = Some(p);
@@ -684,12 +711,14 @@ impl SupervisorThread {
         // The poller goes to the daemon's level itself, as it starts: the supervisor
         // stays at its own through the start (dropping it around the spawn put the
         // restart behind the load at the moment it was nearly done).
+        let thread_ahead = self.spare.is_some();
         let p = Poller::try_spawn(
             self.s.name.clone(),
             iface,
             self.s.tap.clone(),
             self.exits_tx.clone(),
             self.daemon_nice,
+            &mut self.spare,
         )?;
         let spawned = start.elapsed();
         if let Ok(mut st) = self.s.status.lock() {
@@ -710,6 +739,7 @@ impl SupervisorThread {
             announced: start,
             spawn: spawned,
             carrier: start.elapsed() - spawned,
+            thread_ahead,
         };
         Ok((p, started))
     }
@@ -722,6 +752,11 @@ impl SupervisorThread {
             self.last_ledger = Err("the failed QP of the last restart was never destroyed: its work requests cannot be accounted for".into());
         } else if self.settled.as_ref().is_some_and(|s| s.unbalanced) {
             self.last_ledger = Err("the failed QP's bank did not balance after its reap".into());
+        }
+        if let Some(t) = self.spare.take()
+            && !t.end()
+        {
+            tracing::error!(iface = %self.s.name, "the poller thread started ahead panicked");
         }
         // The reaper thread ends once told (after a destroy in progress, if any).
         self.reaper = None;
