@@ -116,7 +116,9 @@ impl Poller {
         tap: Arc<dyn TapDevice>,
         exits: Sender<Exit>,
     ) -> io::Result<Poller> {
-        Self::try_spawn(name, iface, tap, exits, None, &mut None).map_err(|f| f.error)
+        Self::try_spawn(name, iface, tap, exits, None, &mut None, || {})
+            .map(|(p, _)| p)
+            .map_err(|f| f.error)
     }
 
     /// Like [`Poller::spawn`], but a failure hands the interface back. With `nice`, the
@@ -125,6 +127,9 @@ impl Poller {
     /// keeps it through the start. With a thread in `spare` (started ahead,
     /// [`PollerThread::start`]), that thread runs the interface and none is created now
     /// (should it be gone, a new one is); it stays there if the start fails before.
+    /// `ready` runs once the poll set and the thread are there, just before the thread
+    /// is handed the interface (the supervisor turns the carrier on there); the instant
+    /// of the hand-over comes back with the poller.
     pub fn try_spawn(
         name: String,
         mut iface: Interface,
@@ -132,7 +137,8 @@ impl Poller {
         exits: Sender<Exit>,
         nice: Option<i32>,
         spare: &mut Option<PollerThread>,
-    ) -> Result<Poller, SpawnFailed> {
+        ready: impl FnOnce(),
+    ) -> Result<(Poller, Instant), SpawnFailed> {
         let (poll, fds) = match Self::poll_set(&mut iface, tap.as_ref()) {
             Ok(p) => p,
             Err(error) => {
@@ -153,7 +159,7 @@ impl Poller {
             }
         };
         let request = Arc::new(AtomicU8::new(RUN));
-        let mut job = Job {
+        let job = Job {
             name: name.clone(),
             iface,
             tap,
@@ -162,49 +168,41 @@ impl Poller {
             request: request.clone(),
             exits,
         };
-        if let Some(t) = spare.take() {
-            match t.give.send(job) {
-                Ok(()) => {
-                    return Ok(Poller {
-                        waker,
-                        request,
-                        thread: Some(t.thread),
+        // The thread: the one started ahead, else one started now (if that fails, the
+        // interface comes back).
+        let t = match spare.take().filter(PollerThread::waiting) {
+            Some(t) => t,
+            None => match PollerThread::start(&name, nice) {
+                Ok(t) => t,
+                Err(error) => {
+                    let Job {
+                        mut iface,
+                        poll,
+                        fds,
+                        ..
+                    } = job;
+                    unwatch(&mut iface, &poll, &fds);
+                    return Err(SpawnFailed {
+                        error,
+                        iface: Box::new(iface),
                     });
                 }
-                // Cannot happen (the thread waits for its job until its sender is
-                // dropped): a new thread takes the job.
-                Err(back) => {
-                    tracing::warn!(iface = %name, "the poller thread started ahead was gone: starting another");
-                    job = back.into_inner();
-                }
-            }
-        }
-        // The interface goes to the thread once it runs, so that a failed spawn can hand
-        // it back.
-        let t = match PollerThread::start(&name, nice) {
-            Ok(t) => t,
-            Err(error) => {
-                let Job {
-                    mut iface,
-                    poll,
-                    fds,
-                    ..
-                } = job;
-                unwatch(&mut iface, &poll, &fds);
-                return Err(SpawnFailed {
-                    error,
-                    iface: Box::new(iface),
-                });
-            }
+            },
         };
+        ready();
+        // On one CPU the thread, woken, may run at once: the hand-over is this instant.
+        let handed = Instant::now();
         match t.give.send(job) {
-            Ok(()) => Ok(Poller {
-                waker,
-                request,
-                thread: Some(t.thread),
-            }),
-            // Cannot happen: the thread holds the receiver until it gets its job. Hand
-            // the interface back all the same.
+            Ok(()) => Ok((
+                Poller {
+                    waker,
+                    request,
+                    thread: Some(t.thread),
+                },
+                handed,
+            )),
+            // Cannot happen: the thread holds the receiver until it gets its job (and
+            // was seen waiting). Hand the interface back all the same.
             Err(back) => {
                 let Job {
                     mut iface,
@@ -325,6 +323,11 @@ impl PollerThread {
                 let _ = exits.send(exit);
             })?;
         Ok(PollerThread { give, thread })
+    }
+
+    /// Whether the thread still waits for its job (it always does, unless it panicked).
+    fn waiting(&self) -> bool {
+        !self.thread.is_finished()
     }
 
     /// Let the thread end without a job and wait for it. False if it panicked.
@@ -510,6 +513,9 @@ fn run(
             published.publish(&iface, &napi, &gate);
         }
     })();
+    // The failure's moment: the restart's time runs from here, the poller's own exit
+    // (the last publish, the deregistrations, the hand-over) included.
+    let ended = Instant::now();
     published.publish(&iface, &napi, &gate);
     unwatch(&mut iface, &poll, &fds);
     let fd = tap.raw_fd();
@@ -521,16 +527,14 @@ fn run(
             iface: Box::new(iface),
         },
         Err(cause) => {
-            if matches!(cause, Failure::Operator) {
-                tracing::info!(iface = %name, "poller stopped for an operator restart");
-            } else {
-                tracing::error!(iface = %name, %cause, "poller stopped: handing the interface to the supervisor");
-            }
+            // The supervisor says why it restarts (a warning with the cause): the line
+            // here is for debugging, and no write is on the restart's way.
+            tracing::debug!(iface = %name, %cause, "poller stopped: handing the interface to the supervisor");
             Exit::Failed {
                 name,
                 iface: Box::new(iface),
                 cause,
-                at: Instant::now(),
+                at: ended,
             }
         }
     }

@@ -113,6 +113,8 @@ pub enum Event {
         carrier: Duration,
         /// The poller runs on a thread started ahead (none was created on the way).
         thread_ahead: bool,
+        /// When the poller was handed the interface, the carrier on: the restart's end.
+        handed: Instant,
     },
     /// The poller asked for could not be started; the interface is back.
     PollerStartFailed,
@@ -379,6 +381,7 @@ impl Recovery {
                     spawn,
                     carrier,
                     thread_ahead,
+                    handed,
                 },
             ) => {
                 let epoch = self.next_epoch();
@@ -386,9 +389,9 @@ impl Recovery {
                 self.last_start = since;
                 let r = &mut self.record;
                 r.epoch = epoch;
-                r.recovery_ms = ms(now.saturating_duration_since(self.detected));
+                r.recovery_ms = ms(handed.saturating_duration_since(self.detected));
                 r.announced_ms = ms(announced.saturating_duration_since(self.detected));
-                r.phases.start_ms = ms(now.saturating_duration_since(since));
+                r.phases.start_ms = ms(handed.saturating_duration_since(since));
                 r.phases.announce_ms = ms(announce);
                 r.phases.spawn_ms = ms(spawn);
                 r.phases.carrier_ms = ms(carrier);

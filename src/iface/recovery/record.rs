@@ -15,7 +15,8 @@ pub struct RestartRecord {
     pub detail: String,
     /// When the failure was detected (ms since the Unix epoch).
     pub detected_unix_ms: u64,
-    /// From detection to the new poller running with the carrier on (ms).
+    /// From detection (the failed poll returning in the poller) to the new poller handed
+    /// the interface with the carrier on (ms).
     pub recovery_ms: f64,
     /// Work requests reaped at the teardown.
     pub wr_reaped: u64,
@@ -91,11 +92,12 @@ pub struct Phases {
     #[serde(default)]
     pub announce_ms: f64,
     /// Starting the poller: its poll set, registrations and thread (a thread started
-    /// ahead, when there is one: `poller_thread_ahead`; on one CPU the poller thread may
-    /// run first: its first polls are then in here too).
+    /// ahead, when there is one: `poller_thread_ahead`).
     #[serde(default)]
     pub spawn_ms: f64,
-    /// The TAP carrier on (`TUNSETCARRIER`).
+    /// The status and the TAP carrier on (`TUNSETCARRIER`), just before the poller
+    /// thread is handed the interface: the restart ends there (on one CPU the woken
+    /// thread may run at once, its first polls the datapath's work, not the restart's).
     #[serde(default)]
     pub carrier_ms: f64,
     /// After the new epoch runs (not part of `recovery_ms`): the failed QP destroyed and

@@ -46,13 +46,15 @@ fn opened(on_kept: bool) -> Event {
     }
 }
 
-fn started() -> Event {
+/// The poller started, handed the interface at `handed` (the restart's end).
+fn started(handed: Instant) -> Event {
     Event::PollerStarted {
         announce: Duration::ZERO,
         announced: Instant::now(),
         spawn: Duration::ZERO,
         carrier: Duration::ZERO,
         thread_ahead: false,
+        handed,
     }
 }
 
@@ -124,7 +126,7 @@ fn quick_restart(m: &mut Recovery, c: &Clock, at: u64, cause: Failure) -> Restar
         m.handle(opened(true), c.t(at), 0),
         vec![Action::StartPoller { epoch: epoch + 1 }]
     );
-    recorded(&m.handle(started(), c.t(at), 0))
+    recorded(&m.handle(started(c.t(at)), c.t(at), 0))
 }
 
 #[test]
@@ -202,6 +204,7 @@ fn a_restart_keeps_the_endpoint_and_records_where_its_time_went() {
             spawn: Duration::from_millis(1),
             carrier: Duration::from_micros(500),
             thread_ahead: true,
+            handed: c.t(5017),
         },
         c.t(5017),
         0,
@@ -325,7 +328,7 @@ fn failed_opens_back_off_doubling_and_a_healthy_period_resets_the_backoff() {
         m.handle(opened(false), c.t(now), 0),
         vec![Action::StartPoller { epoch: 2 }]
     );
-    let r = recorded(&m.handle(started(), c.t(now), 0));
+    let r = recorded(&m.handle(started(c.t(now)), c.t(now), 0));
     assert_eq!((r.failed_attempts, r.kept_device), (5, false));
     assert!(close(r.recovery_ms, (now - 100) as f64), "{r:?}");
 
@@ -345,7 +348,7 @@ fn failed_opens_back_off_doubling_and_a_healthy_period_resets_the_backoff() {
         m.handle(opened(true), c.t(again + 5), 0),
         vec![Action::StartPoller { epoch: 3 }]
     );
-    let _ = recorded(&m.handle(started(), c.t(again + 5), 0));
+    let _ = recorded(&m.handle(started(c.t(again + 5)), c.t(again + 5), 0));
 
     // After a healthy second, the next failure restarts at once.
     let healthy = again + 5 + HEALTHY_AFTER.as_millis() as u64;
@@ -393,7 +396,7 @@ fn the_breaker_declares_the_interface_dead_until_an_operator_restart() {
         m.handle(opened(false), c.t(at + 2003), 0),
         vec![Action::StartPoller { epoch: 5 }]
     );
-    let r = recorded(&m.handle(started(), c.t(at + 2004), 0));
+    let r = recorded(&m.handle(started(c.t(at + 2004)), c.t(at + 2004), 0));
     assert_eq!(
         (r.cause.as_str(), r.epoch, r.detected_unix_ms),
         ("revived", 5, 99)
@@ -442,7 +445,7 @@ fn a_lost_device_is_closed_at_once_waited_for_and_reopened() {
         m.handle(opened(false), c.t(2040), 0),
         vec![Action::StartPoller { epoch: 2 }]
     );
-    let r = recorded(&m.handle(started(), c.t(2041), 0));
+    let r = recorded(&m.handle(started(c.t(2041)), c.t(2041), 0));
     assert_eq!(r.cause, "device-removed");
     assert_eq!((r.failed_attempts, r.kept_device), (2, false));
     assert!(close(r.recovery_ms, 41.0), "{r:?}");
@@ -467,7 +470,7 @@ fn a_device_fatal_loop_is_held_by_the_breaker_until_the_device_went_and_came_bac
             }]
         );
         let _ = m.handle(opened(false), c.t(now), 0);
-        let r = recorded(&m.handle(started(), c.t(now), 0));
+        let r = recorded(&m.handle(started(c.t(now)), c.t(now), 0));
         assert_eq!(r.cause, "device-fatal");
     }
     now += 1100;
@@ -523,7 +526,7 @@ fn a_device_fatal_loop_is_held_by_the_breaker_until_the_device_went_and_came_bac
             Action::StartPoller { epoch: 5 }
         ]
     );
-    let r = recorded(&m.handle(started(), c.t(now + 4), 0));
+    let r = recorded(&m.handle(started(c.t(now + 4)), c.t(now + 4), 0));
     assert_eq!((r.cause.as_str(), r.epoch), ("revived", 5));
     assert_eq!(
         r.detail,
@@ -568,7 +571,7 @@ fn a_poller_that_cannot_start_is_a_failed_attempt() {
     );
     assert_eq!(m.handle(Event::Tick, c.t(3015), 0), vec![reopen(2, true)]);
     let _ = m.handle(opened(true), c.t(3016), 0);
-    let r = recorded(&m.handle(started(), c.t(3017), 0));
+    let r = recorded(&m.handle(started(c.t(3017)), c.t(3017), 0));
     assert_eq!((r.epoch, r.failed_attempts, r.wr_reaped), (2, 1, 7));
     assert!(
         !r.ledger_balanced,
@@ -590,7 +593,7 @@ fn a_kept_endpoint_that_cannot_be_reopened_makes_the_same_attempt_open_the_devic
         "the carrier goes off while the device is reopened from scratch"
     );
     let _ = m.handle(opened(false), c.t(2002), 0);
-    let r = recorded(&m.handle(started(), c.t(2003), 0));
+    let r = recorded(&m.handle(started(c.t(2003)), c.t(2003), 0));
     assert_eq!((r.failed_attempts, r.kept_device), (0, false));
 }
 
@@ -616,7 +619,7 @@ fn a_poller_panic_loses_the_epoch_and_opens_the_next_from_scratch() {
         vec![reopen(2, false)]
     );
     let _ = m.handle(opened(false), c.t(2002), 0);
-    let r = recorded(&m.handle(started(), c.t(2003), 0));
+    let r = recorded(&m.handle(started(c.t(2003)), c.t(2003), 0));
     assert_eq!(r.cause, "poller-panicked");
     assert!(
         r.ledger_lost && !r.ledger_balanced && !r.kept_device,

@@ -87,6 +87,10 @@ pub(super) struct SupervisorThread {
     spare: Option<PollerThread>,
     /// Starting the spare poller thread failed last time (warned once until it works).
     spare_failed: bool,
+    /// The restart under way has been said in the log. A line costs milliseconds in the
+    /// lab's guests: a restart that runs straight through says it in one line at its end
+    /// ([`SupervisorThread::recovered`]); one that waits or fails says it first.
+    restart_said: bool,
 }
 
 /// Where the restart rehearsed at start stands ([`Supervised::rehearse`]).
@@ -125,7 +129,18 @@ impl SupervisorThread {
             daemon_nice: None,
             spare: None,
             spare_failed: false,
+            restart_said: true,
         }
+    }
+
+    /// Say the restart under way, unless said: before anything that makes it wait or
+    /// that another line reports.
+    fn say_restart(&mut self) {
+        if std::mem::replace(&mut self.restart_said, true) {
+            return;
+        }
+        let r = self.machine.record();
+        tracing::warn!(iface = %self.s.name, cause = %r.cause, detail = %r.detail, epoch = self.machine.epoch(), "restarting the interface");
     }
 
     /// Start the poller thread the next restart will use, unless one waits already. On
@@ -284,7 +299,8 @@ impl SupervisorThread {
         if matches!(cause, Failure::Rehearsal) {
             tracing::info!(iface = %self.s.name, epoch = self.machine.epoch(), "rehearsing the restart after a failed poll");
         } else {
-            tracing::warn!(iface = %self.s.name, cause = cause.kind(), detail = %cause, epoch = self.machine.epoch(), "restarting the interface");
+            // Said at its end, or before it waits (`say_restart`): no write on its way.
+            self.restart_said = false;
         }
         self.drive(Event::Failed {
             cause,
@@ -318,6 +334,16 @@ impl SupervisorThread {
 
     /// Perform one action; its outcome, if it has one.
     fn perform(&mut self, a: Action) -> Result<Option<Event>, Stop> {
+        if matches!(
+            a,
+            Action::WaitUntil(_)
+                | Action::WaitForOperator
+                | Action::AttemptFailed { .. }
+                | Action::Dead { .. }
+                | Action::CloseProbe
+        ) {
+            self.say_restart();
+        }
         Ok(match a {
             Action::CarrierOff => {
                 self.carrier(false);
@@ -459,6 +485,9 @@ impl SupervisorThread {
 
     /// What every teardown of a restart says, and keeps.
     fn closed(&mut self, t: &Closed) {
+        if t.ledger.is_err() || !t.kept {
+            self.say_restart();
+        }
         if let Err(e) = &t.ledger {
             tracing::error!(iface = %self.s.name, error = %e, "ledger does not balance after the reap");
         }
@@ -510,6 +539,7 @@ impl SupervisorThread {
             }
             Err(e) => {
                 if on_kept {
+                    self.say_restart();
                     tracing::warn!(iface = %self.s.name, error = %e, "rebuilding on the kept endpoint failed: opening the device again");
                 }
                 let no_device = matches!(e, OpenError::Verbs(VerbsError::NoDevice(_)));
@@ -552,13 +582,24 @@ impl SupervisorThread {
     /// A restart is complete: count it, say it, record it.
     fn recovered(&mut self, record: RestartRecord) {
         stats::add(&self.s.stats.restarts, 1);
-        tracing::info!(
-            iface = %self.s.name, epoch = record.epoch, recovery_ms = record.recovery_ms,
-            kept_device = record.kept_device, reaped = record.wr_reaped,
-            sends_reaped = record.sends_reaped, flushed = record.flushed,
-            ledger_balanced = record.ledger_balanced, phases = ?record.phases,
-            "interface running again"
-        );
+        if std::mem::replace(&mut self.restart_said, true) {
+            tracing::info!(
+                iface = %self.s.name, epoch = record.epoch, recovery_ms = record.recovery_ms,
+                kept_device = record.kept_device, reaped = record.wr_reaped,
+                sends_reaped = record.sends_reaped, flushed = record.flushed,
+                ledger_balanced = record.ledger_balanced, phases = ?record.phases,
+                "interface running again"
+            );
+        } else {
+            tracing::warn!(
+                iface = %self.s.name, cause = %record.cause, detail = %record.detail,
+                epoch = record.epoch, recovery_ms = record.recovery_ms,
+                kept_device = record.kept_device, reaped = record.wr_reaped,
+                sends_reaped = record.sends_reaped, flushed = record.flushed,
+                ledger_balanced = record.ledger_balanced, phases = ?record.phases,
+                "interface restarted and running again"
+            );
+        }
         // The count and its record change together: a reader of `status` that sees the
         // new count sees the new record (a client takes the last `restarts - n` records
         // as the restarts since it looked).
@@ -710,36 +751,46 @@ impl SupervisorThread {
         let announce = start - t0;
         // The poller goes to the daemon's level itself, as it starts: the supervisor
         // stays at its own through the start (dropping it around the spawn put the
-        // restart behind the load at the moment it was nearly done).
+        // restart behind the load at the moment it was nearly done). The status and the
+        // carrier come before the poller has the interface: woken on this one CPU, it may
+        // run at once, and the restart ends as it is handed over.
         let thread_ahead = self.spare.is_some();
-        let p = Poller::try_spawn(
-            self.s.name.clone(),
+        let mut spawned = Duration::ZERO;
+        let rehearsal = self.rehearsal;
+        let (status, tap, name) = (&self.s.status, &self.s.tap, &self.s.name);
+        let (p, handed) = Poller::try_spawn(
+            name.clone(),
             iface,
-            self.s.tap.clone(),
+            tap.clone(),
             self.exits_tx.clone(),
             self.daemon_nice,
             &mut self.spare,
+            || {
+                spawned = start.elapsed();
+                if let Ok(mut st) = status.lock() {
+                    st.state = if rehearsal == Rehearsal::Asked {
+                        "starting".into()
+                    } else {
+                        "running".into()
+                    };
+                    st.qpn = hw.qpn;
+                    st.gid = hw.gid.to_string();
+                    st.mtu = mtu;
+                    st.epoch = epoch;
+                    st.dead_reason = None;
+                }
+                if let Err(e) = tap.set_carrier(true) {
+                    tracing::warn!(iface = %name, error = %e, "setting the TAP carrier failed");
+                }
+            },
         )?;
-        let spawned = start.elapsed();
-        if let Ok(mut st) = self.s.status.lock() {
-            st.state = if self.rehearsal == Rehearsal::Asked {
-                "starting".into()
-            } else {
-                "running".into()
-            };
-            st.qpn = hw.qpn;
-            st.gid = hw.gid.to_string();
-            st.mtu = mtu;
-            st.epoch = epoch;
-            st.dead_reason = None;
-        }
-        self.carrier(true);
         let started = Event::PollerStarted {
             announce,
             announced: start,
             spawn: spawned,
-            carrier: start.elapsed() - spawned,
+            carrier: handed.saturating_duration_since(start) - spawned,
             thread_ahead,
+            handed,
         };
         Ok((p, started))
     }
