@@ -117,7 +117,7 @@ impl Poller {
         exits: Sender<Exit>,
     ) -> io::Result<Poller> {
         Self::try_spawn(name, iface, tap, exits, None, &mut None, || {})
-            .map(|(p, _)| p)
+            .map(|(p, _, _)| p)
             .map_err(|f| f.error)
     }
 
@@ -129,7 +129,8 @@ impl Poller {
     /// (should it be gone, a new one is); it stays there if the start fails before.
     /// `ready` runs once the poll set and the thread are there, just before the thread
     /// is handed the interface (the supervisor turns the carrier on there); the instant
-    /// of the hand-over comes back with the poller.
+    /// of the hand-over comes back with the poller, and whether a thread started ahead
+    /// took it.
     pub fn try_spawn(
         name: String,
         mut iface: Interface,
@@ -138,7 +139,7 @@ impl Poller {
         nice: Option<i32>,
         spare: &mut Option<PollerThread>,
         ready: impl FnOnce(),
-    ) -> Result<(Poller, Instant), SpawnFailed> {
+    ) -> Result<(Poller, Instant, bool), SpawnFailed> {
         let (poll, fds) = match Self::poll_set(&mut iface, tap.as_ref()) {
             Ok(p) => p,
             Err(error) => {
@@ -170,7 +171,16 @@ impl Poller {
         };
         // The thread: the one started ahead, else one started now (if that fails, the
         // interface comes back).
-        let t = match spare.take().filter(PollerThread::waiting) {
+        let ahead = match spare.take() {
+            Some(t) if t.waiting() => Some(t),
+            Some(_) => {
+                tracing::warn!(iface = %name, "the poller thread started ahead has ended: starting another");
+                None
+            }
+            None => None,
+        };
+        let thread_ahead = ahead.is_some();
+        let t = match ahead {
             Some(t) => t,
             None => match PollerThread::start(&name, nice) {
                 Ok(t) => t,
@@ -200,6 +210,7 @@ impl Poller {
                     thread: Some(t.thread),
                 },
                 handed,
+                thread_ahead,
             )),
             // Cannot happen: the thread holds the receiver until it gets its job (and
             // was seen waiting). Hand the interface back all the same.

@@ -107,9 +107,10 @@ pub enum Event {
         announce: Duration,
         /// When it was posted.
         announced: Instant,
-        /// Starting the poller thread and its registrations.
+        /// The poller's poll set and registrations, and its thread unless one was
+        /// started ahead.
         spawn: Duration,
-        /// Turning the carrier on.
+        /// The status and the carrier on, before the hand-over.
         carrier: Duration,
         /// The poller runs on a thread started ahead (none was created on the way).
         thread_ahead: bool,

@@ -15,8 +15,9 @@ pub struct RestartRecord {
     pub detail: String,
     /// When the failure was detected (ms since the Unix epoch).
     pub detected_unix_ms: u64,
-    /// From detection (the failed poll returning in the poller) to the new poller handed
-    /// the interface with the carrier on (ms).
+    /// From detection (the poller's loop returning the failure; for a panic or a failed
+    /// start, when the supervisor learned of it) to the new poller handed the interface
+    /// with the carrier on (ms).
     pub recovery_ms: f64,
     /// Work requests reaped at the teardown.
     pub wr_reaped: u64,

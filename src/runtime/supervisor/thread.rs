@@ -277,6 +277,9 @@ impl SupervisorThread {
                 Exit::Panicked { message, at, .. } => (None, Failure::PollerPanicked(message), at),
             };
             if closing {
+                if !matches!(cause, Failure::Operator | Failure::Rehearsal) {
+                    tracing::warn!(iface = %self.s.name, cause = cause.kind(), detail = %cause, "the poller failed while the interface was closing");
+                }
                 p.join();
                 match iface {
                     Some(iface) => self.final_close(iface),
@@ -641,6 +644,7 @@ impl SupervisorThread {
         match p.reap(bound) {
             Ok(r) => {
                 if let Err(e) = &r.ledger {
+                    self.say_restart();
                     tracing::error!(iface = %self.s.name, error = %e, "ledger of the failed QP's bank does not balance after the reap");
                     self.last_ledger = r.ledger.clone();
                 }
@@ -652,6 +656,7 @@ impl SupervisorThread {
                 true
             }
             Err(p) => {
+                self.say_restart();
                 tracing::error!(iface = %self.s.name, waited_ms = ms(start.elapsed()), "the failed QP is not destroyed yet: its work requests stay pending");
                 self.pending = Some(p);
                 false
@@ -754,11 +759,10 @@ impl SupervisorThread {
         // restart behind the load at the moment it was nearly done). The status and the
         // carrier come before the poller has the interface: woken on this one CPU, it may
         // run at once, and the restart ends as it is handed over.
-        let thread_ahead = self.spare.is_some();
         let mut spawned = Duration::ZERO;
         let rehearsal = self.rehearsal;
         let (status, tap, name) = (&self.s.status, &self.s.tap, &self.s.name);
-        let (p, handed) = Poller::try_spawn(
+        let (p, handed, thread_ahead) = Poller::try_spawn(
             name.clone(),
             iface,
             tap.clone(),
