@@ -184,19 +184,7 @@ impl Poller {
             Some(t) => t,
             None => match PollerThread::start(&name, nice) {
                 Ok(t) => t,
-                Err(error) => {
-                    let Job {
-                        mut iface,
-                        poll,
-                        fds,
-                        ..
-                    } = job;
-                    unwatch(&mut iface, &poll, &fds);
-                    return Err(SpawnFailed {
-                        error,
-                        iface: Box::new(iface),
-                    });
-                }
+                Err(error) => return Err(job.give_back(error)),
             },
         };
         ready();
@@ -214,19 +202,9 @@ impl Poller {
             )),
             // Cannot happen: the thread holds the receiver until it gets its job (and
             // was seen waiting). Hand the interface back all the same.
-            Err(back) => {
-                let Job {
-                    mut iface,
-                    poll,
-                    fds,
-                    ..
-                } = back.into_inner();
-                unwatch(&mut iface, &poll, &fds);
-                Err(SpawnFailed {
-                    error: io::Error::other("the poller thread ended before it started"),
-                    iface: Box::new(iface),
-                })
-            }
+            Err(back) => Err(back.into_inner().give_back(io::Error::other(
+                "the poller thread ended before it started",
+            ))),
         }
     }
 
@@ -283,6 +261,23 @@ struct Job {
     fds: WaitFds,
     request: Arc<AtomicU8>,
     exits: Sender<Exit>,
+}
+
+impl Job {
+    /// The job not run: its descriptors out of the poll set, the interface back.
+    fn give_back(self, error: io::Error) -> SpawnFailed {
+        let Job {
+            mut iface,
+            poll,
+            fds,
+            ..
+        } = self;
+        unwatch(&mut iface, &poll, &fds);
+        SpawnFailed {
+            error,
+            iface: Box::new(iface),
+        }
+    }
 }
 
 /// A poller thread started ahead of its interface, waiting for it. The restart

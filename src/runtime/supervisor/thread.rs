@@ -760,19 +760,18 @@ impl SupervisorThread {
         // carrier come before the poller has the interface: woken on this one CPU, it may
         // run at once, and the restart ends as it is handed over.
         let mut spawned = Duration::ZERO;
-        let rehearsal = self.rehearsal;
-        let (status, tap, name) = (&self.s.status, &self.s.tap, &self.s.name);
-        let (p, handed, thread_ahead) = Poller::try_spawn(
-            name.clone(),
+        let mut spare = self.spare.take();
+        let result = Poller::try_spawn(
+            self.s.name.clone(),
             iface,
-            tap.clone(),
+            self.s.tap.clone(),
             self.exits_tx.clone(),
             self.daemon_nice,
-            &mut self.spare,
+            &mut spare,
             || {
                 spawned = start.elapsed();
-                if let Ok(mut st) = status.lock() {
-                    st.state = if rehearsal == Rehearsal::Asked {
+                if let Ok(mut st) = self.s.status.lock() {
+                    st.state = if self.rehearsal == Rehearsal::Asked {
                         "starting".into()
                     } else {
                         "running".into()
@@ -783,11 +782,12 @@ impl SupervisorThread {
                     st.epoch = epoch;
                     st.dead_reason = None;
                 }
-                if let Err(e) = tap.set_carrier(true) {
-                    tracing::warn!(iface = %name, error = %e, "setting the TAP carrier failed");
-                }
+                self.carrier(true);
             },
-        )?;
+        );
+        // Kept for the next start if this one failed before using it.
+        self.spare = spare;
+        let (p, handed, thread_ahead) = result?;
         let started = Event::PollerStarted {
             announce,
             announced: start,
