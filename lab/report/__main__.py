@@ -42,6 +42,11 @@ Usage: python3 lab/report KIND OUTDIR [options]   (the entry points call it)
       the load (iperf3 TCP, or UDP: datagrams lost per restart) lost over them. Writes
       recovery-report.{txt,json}. Exit 1 if the session broke, a ledger did not balance
       or a restart is missing.
+  queue OUTDIR [--vm-rc N]
+      `scripts/perf queue`: a TCP bulk flow's queue, sampled: a's receive CQ backlog and
+      rxe's queue, b's TAP queue and socket (unacked, window, RTT), and their medians over
+      the flow's second half. Writes queue-report.{txt,json}. Exit 1 if the flow or the
+      samples are missing or the guests' run failed.
   trace OUTDIR [--vm-rc N] [--tap TAP]
       `scripts/perf trace`: where one request/response turnaround's time goes on guest a
       (ft.uip.a.txt, ft.eth.a.txt: ftrace of a qperf tcp_lat ping-pong through uipoib and
@@ -63,6 +68,7 @@ from hosts import hosts
 from lab import e2e, hostile
 from perf import perf, perf_host, recovery
 from ftrace import trace
+from tcpqueue import queue
 
 
 # ---- the command line -----------------------------------------------------------------------------
@@ -93,6 +99,7 @@ def main():
     p = kind("recovery", recovery)
     p.add_argument("faults", type=int)
     p.add_argument("load", nargs="?", default="tcp", choices=["tcp", "tcp-reverse", "udp"])
+    kind("queue", queue).add_argument("--vm-rc", type=int)
     p = kind("trace", trace)
     p.add_argument("--vm-rc", type=int)
     p.add_argument("--tap")
