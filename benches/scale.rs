@@ -145,6 +145,7 @@ fn config(i: usize, recv: u32, send: u32) -> IfaceConfig {
         tx_timeout: Duration::from_secs(3),
         poll_failure: Default::default(),
         busy_poll: Default::default(),
+        rx_aqm: uipoib::runtime::config::DEFAULT_RX_AQM,
         neigh_view: Default::default(),
     }
 }

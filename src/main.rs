@@ -144,6 +144,11 @@ struct TuneArgs {
     /// instead of arming and sleeping: lower latency for CPU time (0: off).
     #[arg(long, value_name = "MICROSECONDS")]
     busy_poll_us: Option<u64>,
+    /// Active queue management of the receive queue: once every poll has left completions
+    /// in the receive CQ for this long, drop received TCP segments at CoDel's rate until
+    /// a poll empties it (0, the default: off; 100 is CoDel's own interval).
+    #[arg(long, value_name = "MILLISECONDS")]
+    rx_aqm_ms: Option<u64>,
     /// Q_Key of the UD QP.
     #[arg(long, value_parser = parse_u32)]
     qkey: Option<u32>,
@@ -765,6 +770,7 @@ impl TuneArgs {
             poll_batch: self.poll_batch,
             tx_batch: self.tx_batch,
             busy_poll_us: self.busy_poll_us,
+            rx_aqm_ms: self.rx_aqm_ms,
             qkey: self.qkey,
             group: self.group.clone(),
             tap_offload: self.tap_offload,
@@ -824,6 +830,7 @@ fn flag_keys(a: &UpArgs) -> Vec<&'static str> {
         ("poll-batch", t.poll_batch.is_some()),
         ("tx-batch", t.tx_batch.is_some()),
         ("busy-poll-us", t.busy_poll_us.is_some()),
+        ("rx-aqm-ms", t.rx_aqm_ms.is_some()),
         ("qkey", t.qkey.is_some()),
         ("group", t.group.is_some()),
         ("tap-offload", t.tap_offload.is_some()),

@@ -128,6 +128,7 @@ fn config(i: usize, neigh_capacity: u32, send_slots: u32) -> IfaceConfig {
         tx_timeout: Duration::from_secs(3),
         poll_failure: Default::default(),
         busy_poll: Default::default(),
+        rx_aqm: uipoib::runtime::config::DEFAULT_RX_AQM,
         neigh_view: Default::default(),
     }
 }

@@ -145,6 +145,7 @@ pub fn params(device: &str, addr: Ipv4Addr) -> IfaceConfig {
         tx_timeout: uipoib::runtime::config::DEFAULT_TX_TIMEOUT,
         poll_failure: Default::default(),
         busy_poll: Default::default(),
+        rx_aqm: uipoib::runtime::config::DEFAULT_RX_AQM,
         neigh_view: Default::default(),
     }
 }

@@ -4,6 +4,7 @@
 //! clock of its own: the clock comes in as `now` (or, to time an open or a teardown's
 //! steps, as a [`Clock`] the caller passes).
 
+pub mod aqm;
 pub mod interface;
 pub mod ledger;
 pub mod napi;

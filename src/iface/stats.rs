@@ -82,11 +82,15 @@ pub enum DropReason {
     /// Neighbour discovery message from the TAP whose link-layer option names a MAC that
     /// is neither this interface's nor a known peer's.
     TxNdForeignLinkAddr,
+    /// A received TCP segment dropped because the receive queue stood longer than the
+    /// active queue management allows (`rx-aqm-ms`, [`crate::iface::aqm`]): a congestion
+    /// signal to its sender.
+    RxAqm,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 32] = [
+    pub const ALL: [DropReason; 33] = [
         DropReason::RxShort,
         DropReason::RxNoGrh,
         DropReason::RxBadGrh,
@@ -119,6 +123,7 @@ impl DropReason {
         DropReason::TxBadIpv6,
         DropReason::TxBadNd,
         DropReason::TxNdForeignLinkAddr,
+        DropReason::RxAqm,
     ];
 
     /// Stable name used in stats output.
@@ -156,7 +161,18 @@ impl DropReason {
             DropReason::TxBadIpv6 => "tx_bad_ipv6",
             DropReason::TxBadNd => "tx_bad_nd",
             DropReason::TxNdForeignLinkAddr => "tx_nd_foreign_link_addr",
+            DropReason::RxAqm => "rx_aqm",
         }
+    }
+}
+
+/// One counter per [`DropReason`], in [`DropReason::ALL`]'s order.
+#[derive(Debug)]
+struct DropCounters([AtomicU64; DropReason::ALL.len()]);
+
+impl Default for DropCounters {
+    fn default() -> Self {
+        DropCounters(std::array::from_fn(|_| AtomicU64::new(0)))
     }
 }
 
@@ -166,7 +182,7 @@ macro_rules! counters {
         #[derive(Default, Debug)]
         pub struct Stats {
             $($(#[doc = $doc])* pub $name: AtomicU64,)*
-            drops: [AtomicU64; DropReason::ALL.len()],
+            drops: DropCounters,
         }
 
         /// A point-in-time copy of [`Stats`], as `uipoib stats` shows it.
@@ -188,7 +204,7 @@ macro_rules! counters {
                     $($name: self.$name.load(Ordering::Relaxed),)*
                     drops: DropReason::ALL
                         .iter()
-                        .map(|r| (r.name().to_string(), self.drops[*r as usize].load(Ordering::Relaxed)))
+                        .map(|r| (r.name().to_string(), self.drops.0[*r as usize].load(Ordering::Relaxed)))
                         .collect(),
                     ledger_residuals: Residuals::default(),
                 };
@@ -363,12 +379,12 @@ counters! {
 impl Stats {
     /// Count one drop.
     pub fn count_drop(&self, reason: DropReason) {
-        self.drops[reason as usize].fetch_add(1, Ordering::Relaxed);
+        self.drops.0[reason as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Drops so far for one reason.
     pub fn drops(&self, reason: DropReason) -> u64 {
-        self.drops[reason as usize].load(Ordering::Relaxed)
+        self.drops.0[reason as usize].load(Ordering::Relaxed)
     }
 }
 

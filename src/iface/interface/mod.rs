@@ -26,6 +26,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::iface::aqm::RxAqm;
 use crate::iface::ledger::{Ledger, Ring, SendMeta};
 use crate::iface::neigh::{
     Learned, NEIGH_LISTED, NeighView, Neighbours, REACHABLE_TIME, Seen, Trust,
@@ -87,6 +88,9 @@ pub struct IfaceConfig {
     /// How long the poller keeps polling the CQs and the TAP, without arming or
     /// sleeping, after the last work (zero: never; see [`crate::iface::napi`]).
     pub busy_poll: Duration,
+    /// The receive queue's active queue management interval (zero: off; see
+    /// [`crate::iface::aqm`]).
+    pub rx_aqm: Duration,
     /// Where every epoch publishes its neighbour table at housekeeping (for the
     /// control socket's `neigh`); shared by the clones of this configuration.
     pub neigh_view: NeighView,
@@ -313,6 +317,8 @@ pub struct Interface {
     log: RateLimit,
     tx_timeout: Duration,
     busy_poll: Duration,
+    /// The receive queue's CoDel state.
+    aqm: RxAqm,
     /// Set while `close` drains flushes (expected then).
     draining: bool,
     /// Set when a `poll_cq` of this epoch failed (or a post left unknown what was posted,
@@ -499,6 +505,7 @@ impl Interface {
             log: RateLimit::new(10),
             tx_timeout: p.tx_timeout,
             busy_poll: p.busy_poll,
+            aqm: RxAqm::new(p.rx_aqm),
             draining: false,
             untrusted: false,
             announced: false,

@@ -2,6 +2,7 @@
 //! hardware reports and written to the TAP, the receive ring re-posted.
 
 use super::*;
+use crate::iface::aqm;
 use crate::wire::translate::{
     self, Local, RX_IN_PLACE_AT, Received, RecvMeta, RxDrop, RxFact, RxVerdict, Sender, Standing,
 };
@@ -24,8 +25,14 @@ impl Interface {
             };
             done += n;
             if n < want {
+                // The CQ was empty: whatever waited in it was a burst, not a standing
+                // queue (`aqm`).
+                self.aqm.on_drained();
                 break;
             }
+        }
+        if done >= self.budget {
+            self.aqm.on_backlog(now);
         }
         // What the TAP held back to join goes out now, even when the poll failed.
         let lost = tap.flush();
@@ -119,6 +126,14 @@ impl Interface {
                 } else {
                     &self.frame[..n]
                 };
+                // The receive queue has stood too long: CoDel's drop, of TCP data only.
+                if self.aqm.standing(now)
+                    && aqm::tcp_carries_data(frame)
+                    && self.aqm.should_drop(now)
+                {
+                    self.stats.count_drop(DropReason::RxAqm);
+                    return;
+                }
                 match tap.map_or(Ok(0), |t| t.write_frame(frame)) {
                     Ok(_) => {
                         stats::add(&self.stats.rx_packets, 1);

@@ -40,6 +40,16 @@ pub const DEFAULT_BUSY_POLL: Duration = Duration::ZERO;
 /// The longest busy-poll window accepted, in microseconds.
 pub const MAX_BUSY_POLL_US: u64 = 100_000;
 
+/// The receive queue's active queue management ([`crate::iface::aqm`]): off by default.
+/// At CoDel's 100 ms it cut a TCP flow's round trip through the lab from ~730 to ~90 ms
+/// and what a restart loses 2.4-5x, but halved the flow's throughput there (the
+/// receiver, CPU-bound, lost its batching): docs/PERFORMANCE.md, "The receive queue
+/// under TCP, and its AQM".
+pub const DEFAULT_RX_AQM: Duration = Duration::ZERO;
+
+/// The longest receive-queue AQM interval accepted, in milliseconds.
+pub const MAX_RX_AQM_MS: u64 = 10_000;
+
 /// Most neighbours kept; the least recently seen is evicted beyond this.
 pub const DEFAULT_NEIGH_CAPACITY: u32 = 4096;
 

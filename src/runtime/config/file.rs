@@ -39,6 +39,8 @@ pub struct ConfigKeys {
     pub tx_batch: Option<u32>,
     /// Busy-poll window after the last work, in microseconds (0: off).
     pub busy_poll_us: Option<u64>,
+    /// Receive-queue AQM interval, in milliseconds (0: off).
+    pub rx_aqm_ms: Option<u64>,
     /// Q_Key.
     pub qkey: Option<u32>,
     /// Broadcast group (IPv4 multicast address or a multicast GID).
@@ -122,6 +124,7 @@ impl ConfigKeys {
             poll_batch: self.poll_batch.or(other.poll_batch),
             tx_batch: self.tx_batch.or(other.tx_batch),
             busy_poll_us: self.busy_poll_us.or(other.busy_poll_us),
+            rx_aqm_ms: self.rx_aqm_ms.or(other.rx_aqm_ms),
             qkey: self.qkey.or(other.qkey),
             group: self.group.or(other.group),
             neigh_capacity: self.neigh_capacity.or(other.neigh_capacity),

@@ -47,6 +47,8 @@ pub struct Config {
     /// How long the poller keeps polling after the last work, without arming or sleeping
     /// (zero: off).
     pub busy_poll: Duration,
+    /// The receive queue's AQM interval (zero: off; [`crate::iface::aqm`]).
+    pub rx_aqm: Duration,
     /// Q_Key.
     pub qkey: u32,
     /// Broadcast group GID.
@@ -290,6 +292,16 @@ impl Config {
                 ),
             });
         }
+        let rx_aqm_ms = f.rx_aqm_ms.unwrap_or(DEFAULT_RX_AQM.as_millis() as u64);
+        if rx_aqm_ms > MAX_RX_AQM_MS {
+            return Err(ConfigError::Invalid {
+                key: "rx-aqm-ms",
+                why: format!(
+                    "{rx_aqm_ms} is outside 0..={MAX_RX_AQM_MS} (milliseconds the receive queue \
+                     may stand before TCP segments are dropped; 0 turns it off)"
+                ),
+            });
+        }
         let restart_nice = match f.restart_nice {
             None => DEFAULT_RESTART_NICE,
             Some(n) if (-20..=19).contains(&n) => Some(n as i32),
@@ -425,6 +437,7 @@ impl Config {
             poll_batch,
             tx_batch,
             busy_poll: Duration::from_micros(busy_poll_us),
+            rx_aqm: Duration::from_millis(rx_aqm_ms),
             qkey,
             group,
             neigh_capacity,
@@ -499,7 +512,7 @@ impl Config {
         }
         let _ = writeln!(
             t,
-            "  poll: budget {}, {} completions per poll_cq, {} TAP frames per turn, busy poll {}; on a failed poll: {}",
+            "  poll: budget {}, {} completions per poll_cq, {} TAP frames per turn, busy poll {}, receive-queue AQM {}; on a failed poll: {}",
             self.budget,
             self.poll_batch,
             self.tx_batch,
@@ -507,6 +520,11 @@ impl Config {
                 "off".to_string()
             } else {
                 format!("{} us", self.busy_poll.as_micros())
+            },
+            if self.rx_aqm.is_zero() {
+                "off".to_string()
+            } else {
+                format!("{} ms", self.rx_aqm.as_millis())
             },
             self.poll_failure
         );
@@ -568,6 +586,7 @@ impl Config {
             tx_timeout: self.tx_timeout,
             poll_failure: self.poll_failure,
             busy_poll: self.busy_poll,
+            rx_aqm: self.rx_aqm,
             neigh_view: Default::default(),
         }
     }
