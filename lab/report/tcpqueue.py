@@ -2,9 +2,10 @@
 
 import os
 import re
+import shlex
 import statistics
 
-from common import read, read_json, finish
+from common import read, read_json, finish, parse_iperf
 
 
 def samples(out, role):
@@ -60,15 +61,19 @@ def queue(a):
     L, bad = [], []
     env = read(os.path.join(out, "queue.env")) or ""
     args = re.search(r"^PERF_QUEUE_ARGS=(.*)$", env, re.M)
-    flags = args.group(1) if args else ""
-    L.append("uipoib flags: " + (flags if flags not in ("", "''") else "(defaults)"))
+    try:
+        flags = " ".join(shlex.split(args.group(1))) if args else ""
+    except ValueError:
+        flags = args.group(1)
+    L.append("uipoib flags: " + (flags or "(defaults)"))
     rc = (read(os.path.join(out, "queue-iperf3-client.rc")) or "").strip()
-    j, why = read_json(os.path.join(out, "queue-iperf3-client.json"))
+    res, why = parse_iperf(os.path.join(out, "queue-iperf3-client.json"))
     mbit = None
-    if isinstance(j, dict) and "end" in j:
-        mbit = j["end"]["sum_received"]["bits_per_second"] / 1e6
-        retx = (j["end"].get("sum_sent") or {}).get("retransmits")
-        L.append(f"iperf3 TCP b -> a through uip0: exit {rc or '?'}, {mbit:.1f} Mbit/s received, {retx} retransmits")
+    if res:
+        mbit = res["mbit_per_s"]
+        retx = res.get("retransmits")
+        L.append(f"iperf3 TCP b -> a through uip0: exit {rc or '?'}, {mbit:.1f} Mbit/s received, "
+                 f"{'?' if retx is None else retx} retransmits")
     else:
         bad.append(f"no iperf3 result ({why})")
     if rc not in ("", "0"):

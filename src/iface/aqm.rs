@@ -12,7 +12,7 @@
 //! [`RxAqm`] applies CoDel's rule (RFC 8289) to that queue. The sojourn time of a
 //! completion is not known (the CQ has no timestamps), but a poll that takes fewer
 //! completions than it asked for has seen the CQ empty, and one that used its whole
-//! budget has likely left some behind: a queue that every poll has left behind for a
+//! budget (`budget`: a larger one makes the AQM act later) has likely left some behind: a queue that every poll has left behind for a
 //! whole `interval` is standing, not a burst being absorbed (an idle poller's queue is
 //! empty: its last poll saw it so). From then on one
 //! TCP segment that carries data is dropped, then one more after `interval / sqrt(n)`
@@ -133,15 +133,24 @@ impl RxAqm {
     }
 }
 
-/// Whether an Ethernet frame is a TCP segment that carries data (IPv4, or IPv6 with the
-/// TCP header found behind its extension headers). Anything that does not parse is not.
+/// Whether an Ethernet frame is a TCP segment that carries data (IPv4, not a fragment
+/// after the first, or IPv6 with the TCP header found behind its extension headers): a
+/// whole TCP header (data offset 5 or more) inside the packet, and bytes after it.
+/// Anything that does not parse is not.
 pub fn tcp_carries_data(frame: &[u8]) -> bool {
     let Ok((h, ip)) = eth::parse_frame(frame) else {
         return false;
     };
     let (at, end) = match h.ethertype {
         ETHERTYPE_IPV4 => match ipv4::parse_summary(ip) {
-            Ok(s) if s.protocol == ipv6::PROTO_TCP => (s.header_len, s.total_len),
+            // The fragment offset (bytes 6-7, low 13 bits): a later fragment has no TCP
+            // header.
+            Ok(s)
+                if s.protocol == ipv6::PROTO_TCP
+                    && ip.get(6..8).is_some_and(|f| (f[0] & 0x1f) | f[1] == 0) =>
+            {
+                (s.header_len, s.total_len)
+            }
             _ => return false,
         },
         ETHERTYPE_IPV6 => match ipv6::parse_summary(ip) {
@@ -155,9 +164,12 @@ pub fn tcp_carries_data(frame: &[u8]) -> bool {
         _ => return false,
     };
     // The data offset: the high nibble of the TCP header's byte 12, in 32-bit words.
+    if end < at + 20 {
+        return false;
+    }
     match ip.get(at + 12) {
-        Some(b) => end > at + usize::from(b >> 4) * 4,
-        None => false,
+        Some(b) if b >> 4 >= 5 => end > at + usize::from(b >> 4) * 4,
+        _ => false,
     }
 }
 
@@ -349,5 +361,23 @@ mod tests {
         let mut short = frame(ETHERTYPE_IPV4, &ipv4(6, &tcp(5, 10)));
         short.truncate(30);
         assert!(!tcp_carries_data(&short));
+        // A data offset under 5 words, and a TCP header cut short by the IP length (the
+        // frame's padding behind it does not count).
+        let mut bad_off = tcp(5, 100);
+        bad_off[12] = 4 << 4;
+        assert!(!tcp_carries_data(&frame(
+            ETHERTYPE_IPV4,
+            &ipv4(6, &bad_off)
+        )));
+        let mut padded = frame(ETHERTYPE_IPV4, &ipv4(6, &[0; 12]));
+        padded.extend_from_slice(&[0x50; 40]);
+        assert!(!tcp_carries_data(&padded));
+        // A later fragment (offset 185 words) carries no TCP header; the first does.
+        let mut later = ipv4(6, &tcp(5, 100));
+        later[6..8].copy_from_slice(&185u16.to_be_bytes());
+        assert!(!tcp_carries_data(&frame(ETHERTYPE_IPV4, &later)));
+        let mut first = ipv4(6, &tcp(5, 100));
+        first[6] = 0x20; // more fragments, offset 0
+        assert!(tcp_carries_data(&frame(ETHERTYPE_IPV4, &first)));
     }
 }

@@ -126,8 +126,10 @@ impl Interface {
                 } else {
                     &self.frame[..n]
                 };
-                // The receive queue has stood too long: CoDel's drop, of TCP data only.
-                if self.aqm.standing(now)
+                // The receive queue has stood too long: CoDel's drop, of TCP data only
+                // (never in a teardown's drain, which delivers what is left).
+                if !self.draining
+                    && self.aqm.standing(now)
                     && aqm::tcp_carries_data(frame)
                     && self.aqm.should_drop(now)
                 {

@@ -42,7 +42,7 @@ pub const MAX_BUSY_POLL_US: u64 = 100_000;
 
 /// The receive queue's active queue management ([`crate::iface::aqm`]): off by default.
 /// At CoDel's 100 ms it cut a TCP flow's round trip through the lab from ~730 to ~90 ms
-/// and what a restart loses 2.4-5x, but halved the flow's throughput there (the
+/// and what a restart loses 2.4-5x, but cut the flow's throughput there by ~40% (the
 /// receiver, CPU-bound, lost its batching): docs/PERFORMANCE.md, "The receive queue
 /// under TCP, and its AQM".
 pub const DEFAULT_RX_AQM: Duration = Duration::ZERO;

@@ -223,6 +223,13 @@ fn each_bad_value_names_its_key() {
         ),
         (
             ConfigKeys {
+                rx_aqm_ms: Some(10_001),
+                ..base()
+            },
+            "rx-aqm-ms",
+        ),
+        (
+            ConfigKeys {
                 restart_nice: Some(-21),
                 ..base()
             },
@@ -638,6 +645,24 @@ fn metrics_listen_is_optional_and_parsed() {
     assert!(
         err.contains("metrics-listen") && err.contains("nowhere"),
         "{err}"
+    );
+}
+
+#[test]
+fn rx_aqm_is_off_unless_asked_for_and_reaches_the_interface() {
+    let c = Config::from_keys(base()).unwrap();
+    assert!(c.rx_aqm.is_zero());
+    assert!(c.plan().contains("receive-queue AQM off"), "{}", c.plan());
+    let c = Config::from_keys(ConfigKeys {
+        rx_aqm_ms: Some(100),
+        ..base()
+    })
+    .unwrap();
+    assert_eq!(c.iface_config().rx_aqm, Duration::from_millis(100));
+    assert!(
+        c.plan().contains("receive-queue AQM 100 ms"),
+        "{}",
+        c.plan()
     );
 }
 
