@@ -144,6 +144,9 @@ fn params(device: &str, addr: Ipv4Addr, m: u8, tx_batch: u32) -> IfaceConfig {
         tx_timeout: Duration::from_secs(3),
         poll_failure: Default::default(),
         busy_poll: Default::default(),
+        // On, so that received frames can reach the AQM's TCP parse when a poll's queue
+        // stands.
+        rx_aqm: uipoib::iface::aqm::CODEL_INTERVAL,
         neigh_view: Default::default(),
     }
 }
