@@ -5,7 +5,7 @@ import re
 import shlex
 import statistics
 
-from common import read, read_json, finish, parse_iperf
+from common import read, read_json, read_env, finish, fmt, guest_failures, parse_iperf
 
 
 def samples(out, role):
@@ -52,19 +52,15 @@ def med(xs):
     return statistics.median(xs) if xs else None
 
 
-def show(v, f="{:.0f}"):
-    return "-" if v is None else f.format(v)
-
-
 def queue(a):
     out = a.out
     L, bad = [], []
-    env = read(os.path.join(out, "queue.env")) or ""
-    args = re.search(r"^PERF_QUEUE_ARGS=(.*)$", env, re.M)
+    args = read_env(os.path.join(out, "queue.env")).get("PERF_QUEUE_ARGS", "")
+    # Written with printf %q: shell quoting to undo.
     try:
-        flags = " ".join(shlex.split(args.group(1))) if args else ""
+        flags = " ".join(shlex.split(args))
     except ValueError:
-        flags = args.group(1)
+        flags = args
     L.append("uipoib flags: " + (flags or "(defaults)"))
     rc = (read(os.path.join(out, "queue-iperf3-client.rc")) or "").strip()
     res, why = parse_iperf(os.path.join(out, "queue-iperf3-client.json"))
@@ -82,6 +78,7 @@ def queue(a):
     if not sa or not sb or not ss:
         bad.append(f"samples missing (a {len(sa)}, b {len(sb)}, b's socket {len(ss)})")
     t0 = min([t for t, _ in sa + sb] + [r[0] for r in ss] or [0.0])
+    ss = [(t - t0, *rest) for t, *rest in ss]
     ra = []
     for t, s in sa:
         port = (s.get("kernel") or {}).get("port") or {}
@@ -109,13 +106,13 @@ def queue(a):
         z = ss[i] if i < len(ss) else None
         L.append((f"{x[0]:7.1f} {x[1]:7d} {x[2]:6d} {x[3]:7d}" if x else " " * 30) + "   "
                  + (f"{y[0]:7.1f} {y[1]:7d}" if y else " " * 15) + "   "
-                 + (f"{z[0] - t0:7.1f} {z[1]:8d} {z[2]:6d} {show(z[3], '{:.1f}'):>8}" if z else ""))
+                 + (f"{z[0]:7.1f} {z[1]:8d} {z[2]:6d} {fmt(z[3]):>8}" if z else ""))
     # The flow's second half: its window has grown by then.
     end = max([r[0] for r in ra] + [0.0])
     half = end / 2
     cq = [r[1] for r in ra if r[0] >= half]
     tapq = [r[1] for r in rb if r[0] >= half]
-    sq = [r for r in ss if r[0] - t0 >= half]
+    sq = [r for r in ss if r[0] >= half]
     rep = {
         "mbit_per_s": mbit,
         "samples": {"a": len(ra), "b": len(rb), "b_ss": len(ss)},
@@ -129,10 +126,12 @@ def queue(a):
     }
     h = rep["second_half"]
     L.append("")
-    L.append(f"second half of the flow (from {half:.0f} s): a's CQ backlog median {show(h['cq_backlog_median'])} "
-             f"(max {show(h['cq_backlog_max'])}), b's TAP queue median {show(h['b_tap_queue_median'])}; "
-             f"b's socket: unacked median {show(h['unacked_median'])}, window {show(h['cwnd_median'])}, "
-             f"RTT {show(h['rtt_ms_median'], '{:.1f}')} ms; rx_aqm drops over the run: {show(rep['rx_aqm_drops'])}")
+    L.append(f"second half of the flow (from {half:.0f} s): a's CQ backlog median {fmt(h['cq_backlog_median'], '.0f')} "
+             f"(max {fmt(h['cq_backlog_max'], '.0f')}), b's TAP queue median {fmt(h['b_tap_queue_median'], '.0f')}; "
+             f"b's socket: unacked median {fmt(h['unacked_median'], '.0f')}, window {fmt(h['cwnd_median'], '.0f')}, "
+             f"RTT {fmt(h['rtt_ms_median'])} ms; rx_aqm drops over the run: {fmt(rep['rx_aqm_drops'], '.0f')}")
+    _, why = guest_failures(out, a.vm_rc)
+    bad.extend(why)
     if a.vm_rc not in (None, 0):
         bad.append(f"the guests' run exited {a.vm_rc}")
     L.append("RESULT: " + ("OK" if not bad else "FAILED: " + "; ".join(bad)))

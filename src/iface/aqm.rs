@@ -12,11 +12,11 @@
 //! [`RxAqm`] applies CoDel's rule (RFC 8289) to that queue. The sojourn time of a
 //! completion is not known (the CQ has no timestamps), but a poll that takes fewer
 //! completions than it asked for has seen the CQ empty, and one that used its whole
-//! budget (`budget`: a larger one makes the AQM act later) has likely left some behind: a queue that every poll has left behind for a
-//! whole `interval` is standing, not a burst being absorbed (an idle poller's queue is
-//! empty: its last poll saw it so). From then on one
-//! TCP segment that carries data is dropped, then one more after `interval / sqrt(n)`
-//! for the n-th, until a poll sees the CQ empty again; a new episode soon after the last
+//! budget (`budget`: a larger one makes the AQM act later) has likely left some behind:
+//! a queue that every poll has left behind for a whole `interval` is standing, not a
+//! burst being absorbed (an idle poller's queue is empty: its last poll saw it so). From
+//! then on one TCP segment that carries data is dropped, then one more after
+//! `interval / sqrt(n)` for the n-th, until a poll sees the CQ empty again; a new episode soon after the last
 //! resumes near the rate the last one ended at. Each drop is a congestion signal the
 //! sender answers by shrinking its window (with SACK, one retransmission): the queue is
 //! kept short instead of deep. Only TCP data is dropped: a datagram of a protocol that
