@@ -775,8 +775,11 @@ def recovery(a):
         bad.append("a ledger did not balance")
     load = getattr(a, "load", "tcp")
     session = (recovery_udp if load == "udp" else recovery_tcp)(out, hist, L, bad, load)
+    capture = None
+    if read_env(os.path.join(out, "recovery.env")).get("PERF_RECOVERY_CAPTURE") == "1":
+        capture = capture_timeline(out, hist, L, bad, session)
     L.append("RESULT: " + ("OK" if not bad else "FAILED: " + "; ".join(bad)))
-    rep = {"faults": n, "load": load, "restarts": hist, "iperf3": session}
+    rep = {"faults": n, "load": load, "restarts": hist, "iperf3": session, "capture": capture}
     return finish(out, "recovery", "recovery-report.txt", "recovery-report.json", "\n".join(L) + "\n", rep, not bad, bad)
 
 
@@ -902,3 +905,95 @@ def recovery_udp(out, hist, L, bad, load="udp"):
         bad.append(f"no iperf3 UDP result ({e})")
         return None
 
+
+
+def capture_rows(out):
+    """a's capture of RoCEv2 on eth0 (recovery-capture.tsv, decoded by tshark): (time,
+    source, destination, destination QPN, source QPN or None) per frame, the outer IPv4
+    header's addresses; None without a decode."""
+    t = read(os.path.join(out, "recovery-capture.tsv"))
+    if t is None:
+        return None
+    rows = []
+    for ln in t.splitlines():
+        f = ln.split("\t")
+        if len(f) < 4 or not f[0] or not f[3]:
+            continue
+        try:
+            sqp = int(f[4], 16) if len(f) > 4 and f[4] else None
+            rows.append((float(f[0]), f[1].split(",")[0], f[2].split(",")[0], int(f[3], 16), sqp))
+        except ValueError:
+            continue
+    return rows
+
+
+def capture_timeline(out, hist, L, bad, session):
+    """Each restart's timeline on a's clock, from a's capture on eth0: the packets from b
+    that reached the failed QP after the failed poll (detected_unix_ms), when a's
+    announcement of the new QPN left (its first multicast from the new QP), when b's last
+    packet to the old QPN and its first to the new one arrived. What rxe placed in the
+    failed QPs' slots beyond the packets after the failure was waiting in the failed CQ
+    when the poll failed."""
+    env = read_env(os.path.join(out, "recovery-capture.env"))
+    rows = capture_rows(out)
+    if not rows or "CAPTURE_A" not in env or "CAPTURE_B" not in env:
+        bad.append("PERF_RECOVERY_CAPTURE=1 but no decoded capture (recovery-capture.{pcap,tsv,log})")
+        return None
+    a, b = env["CAPTURE_A"], env["CAPTURE_B"]
+    rows.sort()
+    to_a = [r for r in rows if r[1] == b and r[2] == a]
+    a_mcast = [r for r in rows if r[1] == a and r[3] == 0xFFFFFF and r[4] is not None]
+    det = sorted(h["detected_unix_ms"] / 1e3 for h in hist)
+    per = []
+    for i, tf in enumerate(det):
+        until = det[i + 1] if i + 1 < len(det) else float("inf")
+        before = [r for r in to_a if r[0] < tf]
+        if not before:
+            continue
+        old = before[-1][3]
+        ann = next((r for r in a_mcast if tf <= r[0] < until and r[4] != old), None)
+        new = ann[4] if ann else None
+        after_old = [r for r in to_a if tf <= r[0] < until and r[3] == old]
+        first_new = next((r for r in to_a if tf <= r[0] < until and new is not None and r[3] == new), None)
+        ms = lambda t: None if t is None else (t - tf) * 1e3
+        per.append({
+            "old_qpn": old, "new_qpn": new,
+            "to_old_after_failure": len(after_old),
+            "announcement_left_ms": ms(ann[0] if ann else None),
+            "last_to_old_ms": ms(after_old[-1][0] if after_old else None),
+            "first_to_new_ms": ms(first_new[0] if first_new else None),
+        })
+    def cell(v, spec="8.1f"):
+        return f"{v:{spec}}" if v is not None else f"{'-':>8}"
+    L.append(f"capture on a's eth0 ({len(rows)} RoCEv2 frames; ms after each failed poll, on a's clock):")
+    L.append("  restart  old->new QPN  to old QP after  announcement left  b's last to old  b's first to new")
+    for k, p in enumerate(per, 1):
+        L.append(f"  {k:>7}  {p['old_qpn']:>5}->{p['new_qpn'] if p['new_qpn'] is not None else '?':<5}  "
+                 f"{p['to_old_after_failure']:>15}  {cell(p['announcement_left_ms']):>17}  "
+                 f"{cell(p['last_to_old_ms']):>15}  {cell(p['first_to_new_ms']):>16}")
+    def medof(key):
+        xs = [p[key] for p in per if p.get(key) is not None]
+        return statistics.median(xs) if xs else None
+    summary = {k: medof(k) for k in ("to_old_after_failure", "announcement_left_ms", "last_to_old_ms",
+                                     "first_to_new_ms")}
+    lag = [p["last_to_old_ms"] - p["announcement_left_ms"] for p in per
+           if p["last_to_old_ms"] is not None and p["announcement_left_ms"] is not None]
+    summary["b_switch_after_announcement_ms"] = statistics.median(lag) if lag else None
+    if per:
+        L.append("  median   " + " " * 12 + f"{cell(summary['to_old_after_failure'], '15.1f')}  "
+                 f"{cell(summary['announcement_left_ms']):>17}  {cell(summary['last_to_old_ms']):>15}  "
+                 f"{cell(summary['first_to_new_ms']):>16}")
+    if lag:
+        L.append(f"  b's last packet to the old QPN reached a {summary['b_switch_after_announcement_ms']:.1f} ms "
+                 "(median) after a's announcement left")
+    placed = (session or {}).get("in_failed_qps")
+    total_after = sum(p["to_old_after_failure"] for p in per)
+    if placed is not None and per:
+        L.append(f"  of the {placed} rxe placed in the failed QPs' slots: {total_after} arrived after the failed poll, "
+                 f"{placed - total_after} before it (waiting in the failed CQ, or lost by the capture)")
+        summary["placed_before_failure"] = placed - total_after
+    if len(per) != len(det):
+        bad.append(f"the capture has a timeline for {len(per)} of {len(det)} restarts")
+    summary["restarts"] = per
+    summary["frames"] = len(rows)
+    return summary
