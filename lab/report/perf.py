@@ -907,11 +907,11 @@ def recovery_udp(out, hist, L, bad, load="udp"):
 
 
 
-def capture_rows(out):
-    """a's capture of RoCEv2 on eth0 (recovery-capture.tsv, decoded by tshark): (time,
+def capture_rows(out, role):
+    """Guest ROLE's capture of RoCEv2 on eth0 (recovery-capture-ROLE.tsv, decoded by tshark): (time,
     source, destination, destination QPN, source QPN or None) per frame, the outer IPv4
     header's addresses; None without a decode."""
-    t = read(os.path.join(out, "recovery-capture.tsv"))
+    t = read(os.path.join(out, f"recovery-capture-{role}.tsv"))
     if t is None:
         return None
     rows = []
@@ -934,12 +934,12 @@ def capture_timeline(out, hist, L, bad, session):
     packet to the old QPN and its first to the new one arrived. What rxe placed in the
     failed QPs' slots beyond the packets after the failure was waiting in the failed CQ
     when the poll failed."""
-    env = read_env(os.path.join(out, "recovery-capture.env"))
-    rows = capture_rows(out)
-    if not rows or "CAPTURE_A" not in env or "CAPTURE_B" not in env:
-        bad.append("PERF_RECOVERY_CAPTURE=1 but no decoded capture (recovery-capture.{pcap,tsv,log})")
+    env = read_env(os.path.join(out, "recovery-capture-a.env"))
+    rows = capture_rows(out, "a")
+    if not rows or "CAPTURE_SELF" not in env or "CAPTURE_PEER" not in env:
+        bad.append("PERF_RECOVERY_CAPTURE=1 but no decoded capture of a (recovery-capture-a.{pcap,tsv,log})")
         return None
-    a, b = env["CAPTURE_A"], env["CAPTURE_B"]
+    a, b = env["CAPTURE_SELF"], env["CAPTURE_PEER"]
     rows.sort()
     to_a = [r for r in rows if r[1] == b and r[2] == a]
     a_mcast = [r for r in rows if r[1] == a and r[3] == 0xFFFFFF and r[4] is not None]
@@ -994,6 +994,47 @@ def capture_timeline(out, hist, L, bad, session):
         summary["placed_before_failure"] = placed - total_after
     if len(per) != len(det):
         bad.append(f"the capture has a timeline for {len(per)} of {len(det)} restarts")
+    summary["b"] = capture_at_b(out, per, a, b, L, bad)
     summary["restarts"] = per
     summary["frames"] = len(rows)
+    return summary
+
+
+def capture_at_b(out, per, a, b, L, bad):
+    """Each restart on b's clock, from b's capture: from the arrival of a's announcement
+    (its first multicast from the new QP, found in a's capture) to a's next unicast to b
+    and to b's first packet to the new QPN, and what b still sent to the old one."""
+    rows = capture_rows(out, "b")
+    if not rows:
+        bad.append("PERF_RECOVERY_CAPTURE=1 but no decoded capture of b (recovery-capture-b.{pcap,tsv,log})")
+        return None
+    rows.sort()
+    L.append(f"capture on b's eth0 ({len(rows)} RoCEv2 frames; ms after a's announcement reached b, on b's clock):")
+    L.append("  restart  a's next unicast to b  b's first to new  b's packets to old after it")
+    got = []
+    for k, p in enumerate(per, 1):
+        new, old = p["new_qpn"], p["old_qpn"]
+        ann = next((r for r in rows if r[1] == a and r[3] == 0xFFFFFF and r[4] == new), None)
+        if new is None or ann is None:
+            L.append(f"  {k:>7}  (no announcement seen)")
+            continue
+        t0 = ann[0]
+        nxt = next((r for r in rows if r[0] > t0 and r[1] == a and r[2] == b), None)
+        first = next((r for r in rows if r[0] >= t0 and r[1] == b and r[2] == a and r[3] == new), None)
+        stale = sum(1 for r in rows if t0 <= r[0] < t0 + 1.0 and r[1] == b and r[2] == a and r[3] == old)
+        e = {"a_next_unicast_ms": None if nxt is None else (nxt[0] - t0) * 1e3,
+             "b_first_to_new_ms": None if first is None else (first[0] - t0) * 1e3,
+             "b_to_old_after_announcement": stale}
+        got.append(e)
+        f = lambda v: f"{v:.1f}" if v is not None else "-"
+        L.append(f"  {k:>7}  {f(e['a_next_unicast_ms']):>21}  {f(e['b_first_to_new_ms']):>16}  {stale:>27}")
+    def medof(key):
+        xs = [e[key] for e in got if e.get(key) is not None]
+        return statistics.median(xs) if xs else None
+    summary = {k: medof(k) for k in ("a_next_unicast_ms", "b_first_to_new_ms", "b_to_old_after_announcement")}
+    if got:
+        f = lambda v: f"{v:.1f}" if v is not None else "-"
+        L.append(f"  median   {f(summary['a_next_unicast_ms']):>21}  {f(summary['b_first_to_new_ms']):>16}  "
+                 f"{f(summary['b_to_old_after_announcement']):>27}")
+    summary["restarts"] = got
     return summary
