@@ -27,6 +27,10 @@
 #   LAB_TIMEOUT       seconds to wait for both guests (default 600)
 #   LAB_MEM           MiB of RAM per guest (default 1024)
 #   LAB_SMP           vCPUs per guest (default 1)
+#   LAB_LINK_QUICKACK the two guests' socket link: 1 (default: their QEMUs in a network
+#                     namespace whose loopback acknowledges every segment at once) or 0
+#                     (the host's namespace, where the link holds a small frame for the
+#                     peer's delayed ACK, docs/RXE-LAB.md)
 #   LAB_HOSTS_NET     the segment of lab_vm_hosts: bridge (default: a Linux bridge and one TAP
 #                     per guest in a network namespace of the run's own) or vde (a vde switch)
 #   LAB_HOSTS_MTU     eth0's MTU there (default 9000 on the bridge; 1500 on vde, which
@@ -57,8 +61,8 @@ LAB_INITRAMFS_FORMAT=1
 
 LAB__PIDS=() # QEMU processes of this run
 LAB__SWITCH_PIDS=() # vde switches of this run (stopped after the guests)
-LAB__NETNS=()       # network namespaces of this run (deleted after the guests)
-LAB__QEMU_PREFIX=() # what QEMU runs under (ip netns exec NS for the bridge)
+LAB__NETNS=()       # network namespaces of this run (the bridge's deleted after its guests, the socket link's on exit)
+LAB__QEMU_PREFIX=() # what QEMU runs under (ip netns exec NS: the bridge's, or the socket link's)
 LAB__TMPS=() # temporary directories of this run
 
 lab__cleanup() {
@@ -349,6 +353,7 @@ lab__kill_switches() {
 		ip netns del "$ns" 2>/dev/null || true
 	done
 	LAB__NETNS=()
+	LAB__QEMU_PREFIX=()
 }
 
 # lab__bridge N MTU: a network namespace of this run's own holding a bridge (no STP, no
@@ -378,15 +383,16 @@ lab__bridge() {
 # after a restart under iperf3 TCP the frames a sent 0.2-7 ms after its announcement
 # reached b 40-45 ms after it, all at once (docs/RXE-LAB.md). In the namespace the
 # loopback routes have `quickack 1`, so every segment is acknowledged at once and the link
-# holds nothing back. LAB_LINK_QUICKACK=0 keeps QEMU in the host's namespace (the link as
-# it was, for A/Bs).
+# holds nothing back. LAB_LINK_QUICKACK=0 keeps QEMU in the host's namespace (for A/Bs).
 lab__socket_link() {
 	LAB__QEMU_PREFIX=()
 	[[ ${LAB_LINK_QUICKACK:-1} == 1 ]] || return 0
 	local ns=uipoib-link-$$ r
-	# One namespace for every boot of this process (removed on exit, lab__cleanup).
+	# One namespace for every boot of this process (removed on exit, lab__cleanup); one
+	# of this name not made here was left by a killed run whose PID this one has.
 	if [[ " ${LAB__NETNS[*]} " != *" $ns "* ]]; then
-		ip netns add "$ns" || lab_die "ip netns add $ns failed"
+		ip netns del "$ns" 2>/dev/null || true
+		ip netns add "$ns" || lab_die "ip netns add $ns failed (LAB_LINK_QUICKACK=0 runs the link without a namespace)"
 		LAB__NETNS+=("$ns")
 	fi
 	ip -n "$ns" link set lo up || lab_die "lo up failed in $ns"
@@ -463,7 +469,7 @@ lab_vm_run() {
 		lab_die "LAB_LINK_QUICKACK must be 1 (the default: the guests' link acknowledges at once) or 0, not '$LAB_LINK_QUICKACK'"
 	lab__socket_link
 	local start=$SECONDS port pa pb attempt up
-	lab_log "kernel $LAB_KVER; booting guest a ($sa) and guest b ($sb); out=$out; timeout ${timeout}s"
+	lab_log "kernel $LAB_KVER; booting guest a ($sa) and guest b ($sb); out=$out; timeout ${timeout}s; link quickack ${LAB_LINK_QUICKACK:-1}"
 	for attempt in 1 2 3 4 5; do
 		port=$(lab_free_port)
 		lab__qemu_guest a "socket,listen=127.0.0.1:$port" "$out" "$sa" 52:54:00:c6:12:01 &
@@ -536,6 +542,7 @@ lab_vm_hosts() {
 	lab_initramfs
 
 	local timeout=${LAB_TIMEOUT:-900} net=${LAB_HOSTS_NET:-bridge} mtu k r
+	LAB__QEMU_PREFIX=()
 	case "$net" in
 	bridge) mtu=${LAB_HOSTS_MTU:-9000} ;;
 	vde) mtu=${LAB_HOSTS_MTU:-1500} ;;

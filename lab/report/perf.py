@@ -906,7 +906,6 @@ def recovery_udp(out, hist, L, bad, load="udp"):
         return None
 
 
-
 def capture_rows(out, role):
     """Guest ROLE's capture of RoCEv2 on eth0 (recovery-capture-ROLE.tsv, decoded by tshark): (time,
     source, destination, destination QPN, source QPN or None) per frame, the outer IPv4
@@ -940,7 +939,7 @@ def capture_timeline(out, hist, L, bad, session):
         bad.append("PERF_RECOVERY_CAPTURE=1 but no decoded capture of a (recovery-capture-a.{pcap,tsv,log})")
         return None
     a, b = env["CAPTURE_SELF"], env["CAPTURE_PEER"]
-    rows.sort()
+    rows.sort(key=lambda r: r[0])
     to_a = [r for r in rows if r[1] == b and r[2] == a]
     a_mcast = [r for r in rows if r[1] == a and r[3] == 0xFFFFFF and r[4] is not None]
     det = sorted(h["detected_unix_ms"] / 1e3 for h in hist)
@@ -1008,17 +1007,19 @@ def capture_at_b(out, per, a, b, L, bad):
     if not rows:
         bad.append("PERF_RECOVERY_CAPTURE=1 but no decoded capture of b (recovery-capture-b.{pcap,tsv,log})")
         return None
-    rows.sort()
+    rows.sort(key=lambda r: r[0])
     L.append(f"capture on b's eth0 ({len(rows)} RoCEv2 frames; ms after a's announcement reached b, on b's clock):")
     L.append("  restart  a's next unicast to b  b's first to new  b's packets to old after it")
     got = []
+    after = float("-inf")
     for k, p in enumerate(per, 1):
         new, old = p["new_qpn"], p["old_qpn"]
-        ann = next((r for r in rows if r[1] == a and r[3] == 0xFFFFFF and r[4] == new), None)
+        # After the last restart's announcement: a QPN can come back.
+        ann = next((r for r in rows if r[0] > after and r[1] == a and r[3] == 0xFFFFFF and r[4] == new), None)
         if new is None or ann is None:
             L.append(f"  {k:>7}  (no announcement seen)")
             continue
-        t0 = ann[0]
+        t0 = after = ann[0]
         nxt = next((r for r in rows if r[0] > t0 and r[1] == a and r[2] == b), None)
         first = next((r for r in rows if r[0] >= t0 and r[1] == b and r[2] == a and r[3] == new), None)
         stale = sum(1 for r in rows if t0 <= r[0] < t0 + 1.0 and r[1] == b and r[2] == a and r[3] == old)
