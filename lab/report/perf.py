@@ -906,6 +906,12 @@ def recovery_udp(out, hist, L, bad, load="udp"):
         return None
 
 
+def median_of(rows, key):
+    """The median of `key` over the dicts in `rows` that have it (None: none has)."""
+    xs = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(xs) if xs else None
+
+
 def capture_rows(out, role):
     """Guest ROLE's capture of RoCEv2 on eth0 (recovery-capture-ROLE.tsv, decoded by tshark): (time,
     source, destination, destination QPN, source QPN or None) per frame, the outer IPv4
@@ -962,26 +968,21 @@ def capture_timeline(out, hist, L, bad, session):
             "last_to_old_ms": ms(after_old[-1][0] if after_old else None),
             "first_to_new_ms": ms(first_new[0] if first_new else None),
         })
-    def cell(v, spec="8.1f"):
-        return f"{v:{spec}}" if v is not None else f"{'-':>8}"
     L.append(f"capture on a's eth0 ({len(rows)} RoCEv2 frames; ms after each failed poll, on a's clock):")
     L.append("  restart  old->new QPN  to old QP after  announcement left  b's last to old  b's first to new")
     for k, p in enumerate(per, 1):
         L.append(f"  {k:>7}  {p['old_qpn']:>5}->{p['new_qpn'] if p['new_qpn'] is not None else '?':<5}  "
-                 f"{p['to_old_after_failure']:>15}  {cell(p['announcement_left_ms']):>17}  "
-                 f"{cell(p['last_to_old_ms']):>15}  {cell(p['first_to_new_ms']):>16}")
-    def medof(key):
-        xs = [p[key] for p in per if p.get(key) is not None]
-        return statistics.median(xs) if xs else None
-    summary = {k: medof(k) for k in ("to_old_after_failure", "announcement_left_ms", "last_to_old_ms",
+                 f"{p['to_old_after_failure']:>15}  {fmt(p['announcement_left_ms']):>17}  "
+                 f"{fmt(p['last_to_old_ms']):>15}  {fmt(p['first_to_new_ms']):>16}")
+    summary = {k: median_of(per, k) for k in ("to_old_after_failure", "announcement_left_ms", "last_to_old_ms",
                                      "first_to_new_ms")}
     lag = [p["last_to_old_ms"] - p["announcement_left_ms"] for p in per
            if p["last_to_old_ms"] is not None and p["announcement_left_ms"] is not None]
     summary["b_switch_after_announcement_ms"] = statistics.median(lag) if lag else None
     if per:
-        L.append("  median   " + " " * 12 + f"{cell(summary['to_old_after_failure'], '15.1f')}  "
-                 f"{cell(summary['announcement_left_ms']):>17}  {cell(summary['last_to_old_ms']):>15}  "
-                 f"{cell(summary['first_to_new_ms']):>16}")
+        L.append("  median   " + " " * 12 + f"{fmt(summary['to_old_after_failure']):>15}  "
+                 f"{fmt(summary['announcement_left_ms']):>17}  {fmt(summary['last_to_old_ms']):>15}  "
+                 f"{fmt(summary['first_to_new_ms']):>16}")
     if lag:
         L.append(f"  b's last packet to the old QPN reached a {summary['b_switch_after_announcement_ms']:.1f} ms "
                  "(median) after a's announcement left")
@@ -1027,15 +1028,10 @@ def capture_at_b(out, per, a, b, L, bad):
              "b_first_to_new_ms": None if first is None else (first[0] - t0) * 1e3,
              "b_to_old_after_announcement": stale}
         got.append(e)
-        f = lambda v: f"{v:.1f}" if v is not None else "-"
-        L.append(f"  {k:>7}  {f(e['a_next_unicast_ms']):>21}  {f(e['b_first_to_new_ms']):>16}  {stale:>27}")
-    def medof(key):
-        xs = [e[key] for e in got if e.get(key) is not None]
-        return statistics.median(xs) if xs else None
-    summary = {k: medof(k) for k in ("a_next_unicast_ms", "b_first_to_new_ms", "b_to_old_after_announcement")}
+        L.append(f"  {k:>7}  {fmt(e['a_next_unicast_ms']):>21}  {fmt(e['b_first_to_new_ms']):>16}  {stale:>27}")
+    summary = {k: median_of(got, k) for k in ("a_next_unicast_ms", "b_first_to_new_ms", "b_to_old_after_announcement")}
     if got:
-        f = lambda v: f"{v:.1f}" if v is not None else "-"
-        L.append(f"  median   {f(summary['a_next_unicast_ms']):>21}  {f(summary['b_first_to_new_ms']):>16}  "
-                 f"{f(summary['b_to_old_after_announcement']):>27}")
+        L.append(f"  median   {fmt(summary['a_next_unicast_ms']):>21}  {fmt(summary['b_first_to_new_ms']):>16}  "
+                 f"{fmt(summary['b_to_old_after_announcement']):>27}")
     summary["restarts"] = got
     return summary

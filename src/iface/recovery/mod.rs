@@ -508,15 +508,16 @@ impl Recovery {
         self.detected = detected;
         // `wall_ms` is now, when the supervisor handles it: the failure is older by the
         // hand-over.
-        let since = now.saturating_duration_since(detected).as_millis();
+        let handoff = now.saturating_duration_since(detected);
         self.record = RestartRecord {
             epoch: self.epoch.wrapping_add(1),
             cause: cause.kind().into(),
             detail: cause.to_string(),
-            detected_unix_ms: wall_ms.saturating_sub(u64::try_from(since).unwrap_or(u64::MAX)),
+            detected_unix_ms: wall_ms
+                .saturating_sub(u64::try_from(handoff.as_millis()).unwrap_or(u64::MAX)),
             ledger_lost: lost,
             phases: Phases {
-                handoff_ms: ms(now.saturating_duration_since(detected)),
+                handoff_ms: ms(handoff),
                 ..Phases::default()
             },
             ..RestartRecord::default()
