@@ -61,6 +61,7 @@ def queue(a):
         flags = " ".join(shlex.split(args))
     except ValueError:
         flags = args
+    L.extend((read(os.path.join(out, "run.txt")) or "").splitlines())
     L.append("uipoib flags: " + (flags or "(defaults)"))
     rc = (read(os.path.join(out, "queue-iperf3-client.rc")) or "").strip()
     res, why = parse_iperf(os.path.join(out, "queue-iperf3-client.json"))
