@@ -733,14 +733,13 @@ def phase_cell(phases, k):
 
 def recovery(a):
     out, n = a.out, a.faults
-    L = []
+    L = (read(os.path.join(out, "run.txt")) or "").splitlines()
     bad = []
     st, err = read_json(os.path.join(out, "recovery-status-a.json"))
     if st is None:
         L.append(f"FAILED: no status from guest a ({err})")
         bad.append(f"no status from guest a ({err})")
         return finish(out, "recovery", "recovery-report.txt", "recovery-report.json", "\n".join(L) + "\n", {}, False, bad)
-    L.extend((read(os.path.join(out, "run.txt")) or "").splitlines())
     hist = [h for h in st.get("history", []) if h["cause"] == "poll-failed"]
     # PERF_RECOVERY_WARMUP: restarts before the load, left out.
     warm = read_env(os.path.join(out, "recovery.env")).get("PERF_RECOVERY_WARMUP", "0")
