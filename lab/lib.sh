@@ -383,8 +383,8 @@ lab__bridge() {
 # after a restart under iperf3 TCP the frames a sent 0.2-7 ms after its announcement
 # reached b 40-45 ms after it, all at once (docs/RXE-LAB.md). In the namespace the
 # loopback routes have `quickack 1`, so every segment is acknowledged at once and the link
-# holds nothing back. Off by default (LAB_LINK_QUICKACK=1 turns it on): in a CI run with
-# it on, guest a's eth0 transmit queue stopped for good after a restart (docs/RXE-LAB.md).
+# holds nothing back. Off by default (LAB_LINK_QUICKACK=1 turns it on; docs/RXE-LAB.md
+# says why).
 lab__socket_link() {
 	LAB__QEMU_PREFIX=()
 	[[ ${LAB_LINK_QUICKACK:-0} == 1 ]] || return 0
