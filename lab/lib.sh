@@ -27,10 +27,14 @@
 #   LAB_TIMEOUT       seconds to wait for both guests (default 600)
 #   LAB_MEM           MiB of RAM per guest (default 1024)
 #   LAB_SMP           vCPUs per guest (default 1)
-#   LAB_LINK_QUICKACK the two guests' socket link: 0 (default: the host's namespace, where
-#                     the link holds a small frame for the peer's delayed ACK) or 1 (their
+#   LAB_LINK          the two guests' link: bridge (default: a Linux bridge and their two
+#                     TAPs in a network namespace of the run's own, as lab_vm_hosts's) or
+#                     socket (QEMU's socket netdev over loopback; docs/RXE-LAB.md says why
+#                     it is no longer the default)
+#   LAB_LINK_QUICKACK the socket link only: 0 (default: the host's namespace, where the
+#                     link holds a small frame for the peer's delayed ACK) or 1 (their
 #                     QEMUs in a network namespace whose loopback acknowledges every
-#                     segment at once; docs/RXE-LAB.md says why it is not the default)
+#                     segment at once)
 #   LAB_HOSTS_NET     the segment of lab_vm_hosts: bridge (default: a Linux bridge and one TAP
 #                     per guest in a network namespace of the run's own) or vde (a vde switch)
 #   LAB_HOSTS_MTU     eth0's MTU there (default 9000 on the bridge; 1500 on vde, which
@@ -356,24 +360,45 @@ lab__kill_switches() {
 	LAB__QEMU_PREFIX=()
 }
 
-# lab__bridge N MTU: a network namespace of this run's own holding a bridge (no STP, no
-# multicast snooping: every frame floods, like a hub with learning) and TAPs
-# uipoib-h1..hN on it at MTU, for QEMU run in that namespace; nothing in it has an
-# address (IPv6 off), so only the guests' frames cross it.
+# lab__bridge MTU TAP...: a network namespace of this run's own holding a bridge (no STP,
+# no multicast snooping: every frame floods, like a hub with learning) and the TAPs on it
+# at MTU, for QEMU run in that namespace; nothing in it has an address (IPv6 off), so
+# only the guests' frames cross it. Removed with the run's switches (lab__kill_switches);
+# one of this name not made here was left by a killed run whose PID this one has.
 lab__bridge() {
-	local n=$1 mtu=$2 ns=uipoib-lab-$$ k
+	local mtu=$1 ns=uipoib-lab-$$ tap
+	shift
+	ip netns del "$ns" 2>/dev/null || true
 	ip netns add "$ns" || lab_die "ip netns add $ns failed"
 	LAB__NETNS+=("$ns")
 	ip netns exec "$ns" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1 ||
 		lab_die "cannot turn IPv6 off in $ns"
 	ip -n "$ns" link add br0 type bridge stp_state 0 forward_delay 0 mcast_snooping 0 ||
 		lab_die "ip link add br0 type bridge failed in $ns"
-	for k in $(seq 1 "$n"); do
-		ip -n "$ns" tuntap add dev "uipoib-h$k" mode tap || lab_die "ip tuntap add uipoib-h$k failed"
-		ip -n "$ns" link set "uipoib-h$k" mtu "$mtu" master br0 up || lab_die "uipoib-h$k: mtu $mtu, br0, up failed"
+	for tap in "$@"; do
+		ip -n "$ns" tuntap add dev "$tap" mode tap || lab_die "ip tuntap add $tap failed in $ns"
+		ip -n "$ns" link set "$tap" mtu "$mtu" master br0 up || lab_die "$tap: mtu $mtu, br0, up failed in $ns"
 	done
 	ip -n "$ns" link set br0 mtu "$mtu" up || lab_die "br0 up failed"
 	LAB__QEMU_PREFIX=(ip netns exec "$ns")
+}
+
+# lab__link_stats OUTDIR ROLE...: the bridge's count of each guest's frames (its TAP
+# uipoib-ROLE: frames from the guest, frames toward it, and those dropped toward it
+# because its QEMU did not take them in time: the link's only loss), in OUTDIR/link.txt
+# and logged. Called before the bridge's namespace goes.
+lab__link_stats() {
+	local out=$1 ns=uipoib-lab-$$ r st from to dropped
+	shift
+	: >"$out/link.txt"
+	for r in "$@"; do
+		st=/sys/class/net/uipoib-$r/statistics
+		# shellcheck disable=SC2016 # expanded by the inner shell
+		read -r from to dropped < <(ip netns exec "$ns" sh -c 'cat "$1/rx_packets" "$1/tx_packets" "$1/tx_dropped" | tr "\n" " "' - "$st" 2>/dev/null) ||
+			true
+		echo "$r frames_from=${from:-?} frames_to=${to:-?} dropped_to=${dropped:-?}" >>"$out/link.txt"
+		lab_log "link (bridge): guest $r sent ${from:-?} frames, was sent ${to:-?}, ${dropped:-?} dropped on the way to it (its QEMU full)"
+	done
 }
 
 # lab__socket_link: a network namespace of this run's own for the two guests' QEMUs, whose
@@ -410,7 +435,7 @@ lab__check_loglevel() {
 		lab_die "LAB_LOGLEVEL must be 0..8 (the guest kernel's console loglevel), not '$LAB_LOGLEVEL'"
 }
 
-# ROLE NETDEV(socket,listen=... | socket,connect=... | vde,sock=...) OUTDIR SCRIPT MAC [APPEND]
+# ROLE NETDEV(tap,ifname=... | socket,listen=... | socket,connect=... | vde,sock=...) OUTDIR SCRIPT MAC [APPEND]
 lab__qemu_guest() {
 	local role=$1 net=$2 out=$3 script=$4 mac=$5
 	# The console (an emulated serial port, ROLE.console) shows the kernel's errors only
@@ -465,34 +490,51 @@ lab_vm_run() {
 	for r in a b; do
 		rm -f "$out/$r.log" "$out/$r.rc" "$out/$r.console" "$out/$r.qemu.log" "$out/$r.dmesg"
 	done
+	rm -f "$out/link.txt"
 
+	local link=${LAB_LINK:-bridge}
+	[[ $link == bridge || $link == socket ]] ||
+		lab_die "LAB_LINK must be bridge (the default: a bridge and two TAPs in a namespace of the run's own) or socket (QEMU's socket netdev over loopback), not '$link'"
 	[[ ${LAB_LINK_QUICKACK:-0} =~ ^[01]$ ]] ||
-		lab_die "LAB_LINK_QUICKACK must be 0 (the default) or 1 (the guests' link acknowledges at once), not '$LAB_LINK_QUICKACK'"
-	lab__socket_link
+		lab_die "LAB_LINK_QUICKACK must be 0 (the default) or 1 (the guests' socket link acknowledges at once), not '$LAB_LINK_QUICKACK'"
+	[[ $link == socket || ${LAB_LINK_QUICKACK:-0} == 0 ]] ||
+		lab_die "LAB_LINK_QUICKACK=1 is a setting of the socket link: set LAB_LINK=socket with it"
 	local start=$SECONDS port pa pb attempt up
-	lab_log "kernel $LAB_KVER; booting guest a ($sa) and guest b ($sb); out=$out; timeout ${timeout}s; link quickack ${LAB_LINK_QUICKACK:-0}"
-	for attempt in 1 2 3 4 5; do
-		port=$(lab_free_port)
-		lab__qemu_guest a "socket,listen=127.0.0.1:$port" "$out" "$sa" 52:54:00:c6:12:01 &
+	if [[ $link == bridge ]]; then
+		lab__bridge 9000 uipoib-a uipoib-b
+		lab_log "kernel $LAB_KVER; booting guest a ($sa) and guest b ($sb); out=$out; timeout ${timeout}s; link: bridge"
+		lab__qemu_guest a "tap,ifname=uipoib-a,script=no,downscript=no" "$out" "$sa" 52:54:00:c6:12:01 &
 		pa=$!
 		LAB__PIDS=("$pa")
-		up=
-		for _ in $(seq 1 150); do
-			if lab_port_listening "$port"; then
-				up=1
-				break
-			fi
-			kill -0 "$pa" 2>/dev/null || break
-			sleep 0.1
+		lab__qemu_guest b "tap,ifname=uipoib-b,script=no,downscript=no" "$out" "$sb" 52:54:00:c6:12:02 &
+		pb=$!
+		LAB__PIDS=("$pa" "$pb")
+	else
+		lab__socket_link
+		lab_log "kernel $LAB_KVER; booting guest a ($sa) and guest b ($sb); out=$out; timeout ${timeout}s; link: socket, quickack ${LAB_LINK_QUICKACK:-0}"
+		for attempt in 1 2 3 4 5; do
+			port=$(lab_free_port)
+			lab__qemu_guest a "socket,listen=127.0.0.1:$port" "$out" "$sa" 52:54:00:c6:12:01 &
+			pa=$!
+			LAB__PIDS=("$pa")
+			up=
+			for _ in $(seq 1 150); do
+				if lab_port_listening "$port"; then
+					up=1
+					break
+				fi
+				kill -0 "$pa" 2>/dev/null || break
+				sleep 0.1
+			done
+			[[ -n $up ]] && break
+			lab_log "guest a did not listen on 127.0.0.1:$port (attempt $attempt): $(tail -n 3 "$out/a.qemu.log" 2>/dev/null)"
+			lab__kill_guests
 		done
-		[[ -n $up ]] && break
-		lab_log "guest a did not listen on 127.0.0.1:$port (attempt $attempt): $(tail -n 3 "$out/a.qemu.log" 2>/dev/null)"
-		lab__kill_guests
-	done
-	[[ -n $up ]] || lab_die "could not start guest a"
-	lab__qemu_guest b "socket,connect=127.0.0.1:$port" "$out" "$sb" 52:54:00:c6:12:02 &
-	pb=$!
-	LAB__PIDS=("$pa" "$pb")
+		[[ -n $up ]] || lab_die "could not start guest a"
+		lab__qemu_guest b "socket,connect=127.0.0.1:$port" "$out" "$sb" 52:54:00:c6:12:02 &
+		pb=$!
+		LAB__PIDS=("$pa" "$pb")
+	fi
 
 	local timed_out=
 	LAB__SEEN=()
@@ -507,6 +549,10 @@ lab_vm_run() {
 	done
 	lab__progress "$out" "$start" a b
 	lab__kill_guests
+	if [[ $link == bridge ]]; then
+		lab__link_stats "$out" a b
+		lab__kill_switches
+	fi
 
 	local fail=0
 	lab__guest_results "$out" "$timed_out" a b || fail=1
@@ -571,7 +617,8 @@ lab_vm_hosts() {
 		[[ -s $sw/pid && -S $sw/sw/ctl ]] || lab_die "vde_switch did not create $sw/sw/ctl"
 		LAB__SWITCH_PIDS=("$(<"$sw/pid")")
 	else
-		lab__bridge "$n" "$mtu"
+		# shellcheck disable=SC2046 # the TAPs' names, one word each
+		lab__bridge "$mtu" $(seq -f 'uipoib-h%g' 1 "$n")
 	fi
 
 	local start=$SECONDS pids=() nd
