@@ -90,6 +90,8 @@ def guest_failures(out, vm_rc, timeout=None):
             why.append(f"guest {r} timed out (LAB_TIMEOUT{' ' + timeout + 's' if timeout else ''}; see {r}.log, {r}.console)")
         elif rc == "125":
             why.append(f"guest {r}: lab setup failed in the guest (see {r}.log, {r}.console)")
+        elif rc == "126":
+            why.append(f"guest {r} was stopped: the guests' link stalled in the last boot allowed (see lab-stalls.txt)")
     return rcs, why
 
 
@@ -227,9 +229,22 @@ def verdict(sections, ok, check):
     return L
 
 
+def lab_stalls(out):
+    """The boots of this run stopped for a stalled link (lab/lib.sh writes lab-stalls.txt:
+    a guest's eth0 transmit queue timed out, the emulation's fault), one line each."""
+    return [x for x in (read(os.path.join(out, "lab-stalls.txt")) or "").splitlines() if x.strip()]
+
+
 def finish(out, kind, txt_name, json_name, t, rep, ok, failures):
-    """Prints the text, writes it and the JSON report (with the envelope); the exit status."""
-    rep = {**rep, "kind": kind, "ok": bool(ok), "failures": [] if ok else list(failures)}
+    """Prints the text, writes it and the JSON report (with the envelope); the exit status.
+    A run whose boots were repeated after a stalled link says so before its verdict."""
+    stalls = lab_stalls(out)
+    if stalls:
+        note = "".join(f"lab: {x}\n" for x in stalls)
+        lines = t.splitlines(keepends=True)
+        at = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].startswith("RESULT:")), len(lines))
+        t = "".join(lines[:at]) + note + "".join(lines[at:])
+    rep = {**rep, "kind": kind, "ok": bool(ok), "failures": [] if ok else list(failures), "lab_stalls": stalls}
     with open(os.path.join(out, txt_name), "w", encoding="utf-8") as f:
         f.write(t)
     with open(os.path.join(out, json_name), "w", encoding="utf-8") as f:

@@ -47,18 +47,20 @@ def hosts(a):
             failures.append(f"{r}: timed out (LAB_TIMEOUT; see {r}.log, {r}.console)")
         elif rc == "125":
             failures.append(f"{r}: lab setup failed in the guest (see {r}.log, {r}.console)")
+        elif rc == "126":
+            failures.append(f"{r}: stopped, the guests' link stalled (see lab-stalls.txt)")
         for s, v in st.items():
             if v == "ok":
                 continue
             if v is None:
-                if rc not in (None, "124", "125"):
+                if rc not in (None, "124", "125", "126"):
                     failures.append(f"{r} {s}: never ran")
             elif v.startswith("skipped"):
                 if not (v6_optional and s in IPV6_STEPS):
                     failures.append(f"{r} {s}: {v}")
             else:
                 failures.append(f"{r} {s}: {v.removeprefix('FAILED: ')}")
-        if rc not in (None, "0", "124", "125"):
+        if rc not in (None, "0", "124", "125", "126"):
             failures.append(f"{r}: guest script exited {rc}")
 
     def mark(v):
