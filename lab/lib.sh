@@ -31,6 +31,8 @@
 #                     TAPs in a network namespace of the run's own, as lab_vm_hosts's) or
 #                     socket (QEMU's socket netdev over loopback; docs/RXE-LAB.md says why
 #                     it is no longer the default)
+#   LAB_STALL_RETRIES how many times lab_vm_run boots the two guests again after a boot
+#                     whose link stalled (a guest's NETDEV WATCHDOG; default 2)
 #   LAB_LINK_QUICKACK the socket link only: 0 (default: the host's namespace, where the
 #                     link holds a small frame for the peer's delayed ACK) or 1 (their
 #                     QEMUs in a network namespace whose loopback acknowledges every
