@@ -27,10 +27,11 @@
 #   LAB_TIMEOUT       seconds to wait for both guests (default 600)
 #   LAB_MEM           MiB of RAM per guest (default 1024)
 #   LAB_SMP           vCPUs per guest (default 1)
-#   LAB_LINK          the two guests' link: bridge (default: a Linux bridge and their two
-#                     TAPs in a network namespace of the run's own, as lab_vm_hosts's) or
-#                     socket (QEMU's socket netdev over loopback; docs/RXE-LAB.md says why
-#                     it is no longer the default)
+#   LAB_LINK          the two guests' link: socket (default: QEMU's socket netdev over
+#                     loopback, which pushes back instead of dropping, as a lossless RoCE
+#                     fabric does) or bridge (a Linux bridge and their two TAPs in a network
+#                     namespace of the run's own, as lab_vm_hosts's: it drops when a guest
+#                     falls behind; docs/RXE-LAB.md)
 #   LAB_STALL_RETRIES how many times lab_vm_run boots the two guests again after a boot
 #                     whose link stalled (a guest's NETDEV WATCHDOG; default 2)
 #   LAB_LINK_QUICKACK the socket link only: 0 (default: the host's namespace, where the
@@ -534,9 +535,9 @@ lab_vm_run() {
 	done
 	rm -f "$out/link.txt"
 
-	local link=${LAB_LINK:-bridge}
+	local link=${LAB_LINK:-socket}
 	[[ $link == bridge || $link == socket ]] ||
-		lab_die "LAB_LINK must be bridge (the default: a bridge and two TAPs in a namespace of the run's own) or socket (QEMU's socket netdev over loopback), not '$link'"
+		lab_die "LAB_LINK must be socket (the default: QEMU's socket netdev over loopback) or bridge (a bridge and two TAPs in a namespace of the run's own), not '$link'"
 	[[ ${LAB_LINK_QUICKACK:-0} =~ ^[01]$ ]] ||
 		lab_die "LAB_LINK_QUICKACK must be 0 (the default) or 1 (the guests' socket link acknowledges at once), not '$LAB_LINK_QUICKACK'"
 	[[ $link == socket || ${LAB_LINK_QUICKACK:-0} == 0 ]] ||
@@ -638,6 +639,39 @@ lab__boot_pair() {
 		lab__kill_switches
 	fi
 	LAB__BOOT_SECS=$((SECONDS - start))
+}
+
+# lab_stall_check OUTDIR: the stall handling of lab_vm_run checked with a stall line
+# faked by guest b in its first boot (lab/guest/stall-check): with one repeat allowed the
+# run passes, the first boot's files set aside and recorded; with none it fails, b's
+# exit code 126. OUTDIR/1 and OUTDIR/0 hold the two runs. Prints PASSED or FAILED with
+# each reason; non-zero if FAILED.
+lab_stall_check() {
+	local out=$1 rc why=() g=$LAB_GUEST_DIR/stall-check
+	rc=0
+	LAB_STALL_RETRIES=1 lab_vm_run "$out/1" "$g" "$g" || rc=$?
+	((rc == 0)) || why+=("with one repeat allowed the run exited $rc, not 0")
+	[[ $(wc -l <"$out/1/lab-stalls.txt" 2>/dev/null) == 1 ]] ||
+		why+=("with one repeat: lab-stalls.txt does not hold exactly one line")
+	grep -q "guest b: .*NETDEV WATCHDOG" "$out/1/lab-stalls.txt" 2>/dev/null ||
+		why+=("with one repeat: lab-stalls.txt does not name guest b's watchdog line")
+	grep -q "NETDEV WATCHDOG" "$out/1/stalled-boot-1/b.console" 2>/dev/null ||
+		why+=("with one repeat: stalled-boot-1/b.console (the stalled boot's console) does not hold the line")
+	[[ -f $out/1/stalled-boot-1/stall-check-a.txt && -f $out/1/stall-check-a.txt && -f $out/1/stall-check-b.txt ]] ||
+		why+=("with one repeat: the guests' files are not where they belong (stalled-boot-1/ for the first boot, OUTDIR for the second)")
+	! grep -q "NETDEV WATCHDOG" "$out/1/b.console" 2>/dev/null ||
+		why+=("with one repeat: the second boot's console holds the first boot's line")
+	rc=0
+	LAB_STALL_RETRIES=0 lab_vm_run "$out/0" "$g" "$g" || rc=$?
+	((rc != 0)) || why+=("with no repeat allowed the run exited 0")
+	[[ $(cat "$out/0/b.rc" 2>/dev/null) == 126 ]] || why+=("with no repeat: b's exit code is not 126 (stopped for a stalled link)")
+	grep -q "no boot left" "$out/0/lab-stalls.txt" 2>/dev/null ||
+		why+=("with no repeat: lab-stalls.txt does not say the run failed for it")
+	if ((${#why[@]})); then
+		printf 'stall-check: FAILED: %s\n' "${why[@]}"
+		return 1
+	fi
+	echo "stall-check: PASSED: a faked stall stopped its boot, which was set aside and repeated (one repeat allowed) or failed the run (none allowed)"
 }
 
 # lab_vm_hosts OUTDIR N SCRIPT: N guests (2..4), roles h1..hN, their NICs on one segment
