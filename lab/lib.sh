@@ -557,7 +557,7 @@ lab_vm_run() {
 		why="boot $boot: the link stalled, guest $LAB__BOOT_STALL (+${LAB__BOOT_SECS}s)"
 		if ((boot > retries)); then
 			echo "$why; no boot left (LAB_STALL_RETRIES=$retries): the run failed" >>"$out/lab-stalls.txt"
-			lab_log "the link stalled again (LAB_STALL_RETRIES=$retries boots repeated already): giving up; see $out/lab-stalls.txt"
+			lab_log "the link stalled in boot $boot and no repeat is left (LAB_STALL_RETRIES=$retries): the run failed; see $out/lab-stalls.txt"
 			break
 		fi
 		lab__set_aside "$out" "$boot" "$before"
