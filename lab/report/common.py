@@ -229,6 +229,12 @@ def verdict(sections, ok, check):
     return L
 
 
+def run_head(out):
+    """The lines scripts/perf writes to OUT/run.txt before a boot (the binary, its commit,
+    the host, the guests and their link), which every perf-family report starts with."""
+    return (read(os.path.join(out, "run.txt")) or "").splitlines()
+
+
 def lab_stalls(out):
     """The boots of this run stopped for a stalled link (lab/lib.sh writes lab-stalls.txt:
     a guest's eth0 transmit queue timed out, the emulation's fault), one line each."""

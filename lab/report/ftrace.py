@@ -13,7 +13,7 @@ import os
 import re
 import statistics
 
-from common import read, read_env, fmt, finish, guest_failures, step_failure
+from common import read, read_env, fmt, finish, guest_failures, run_head, step_failure
 from perf import parse_qperf
 
 # x86_64 syscall numbers.
@@ -322,9 +322,7 @@ def trace(a):
     poller = ("poll-" + tap)[:COMM_MAX]
     app = "qperf"
     L, bad = [], []
-    run = read(os.path.join(out, "run.txt"))
-    if run:
-        L.extend(run.rstrip("\n").splitlines())
+    L.extend(run_head(out))
     secs = env.get("PERF_TRACE_SECONDS", "?")
     L.append(f"qperf -t {secs} -m 64 tcp_lat, b -> a; ftrace of guest a (poller thread {poller}, application {app})")
     L.append("")

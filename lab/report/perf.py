@@ -19,6 +19,7 @@ from common import (
     iperf_received_mbit,
     finish,
     read_env,
+    run_head,
 )
 
 
@@ -449,7 +450,7 @@ def perf(args):
     lines = []
     p = lines.append
     p("uipoib performance over rxe (scripts/perf)")
-    for l in (read(os.path.join(out, "run.txt")) or "").splitlines():
+    for l in run_head(out):
         p("  " + l)
     p(f"  message size {msg} B (rxe active MTU); uip0 MTU {uip_mtu}; {reps} rep(s)")
     p("")
@@ -738,7 +739,7 @@ def phase_cell(phases, k):
 
 def recovery(a):
     out, n = a.out, a.faults
-    L = (read(os.path.join(out, "run.txt")) or "").splitlines()
+    L = run_head(out)
     bad = []
     st, err = read_json(os.path.join(out, "recovery-status-a.json"))
     if st is None:

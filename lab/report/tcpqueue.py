@@ -5,7 +5,7 @@ import re
 import shlex
 import statistics
 
-from common import read, read_json, read_env, finish, fmt, guest_failures, parse_iperf
+from common import read, read_json, read_env, finish, fmt, guest_failures, parse_iperf, run_head
 
 
 def samples(out, role):
@@ -61,7 +61,7 @@ def queue(a):
         flags = " ".join(shlex.split(args))
     except ValueError:
         flags = args
-    L.extend((read(os.path.join(out, "run.txt")) or "").splitlines())
+    L.extend(run_head(out))
     L.append("uipoib flags: " + (flags or "(defaults)"))
     rc = (read(os.path.join(out, "queue-iperf3-client.rc")) or "").strip()
     res, why = parse_iperf(os.path.join(out, "queue-iperf3-client.json"))
