@@ -27,6 +27,9 @@
 #   LAB_TIMEOUT       seconds to wait for both guests (default 600)
 #   LAB_MEM           MiB of RAM per guest (default 1024)
 #   LAB_SMP           vCPUs per guest (default 1)
+#   LAB_MAXCPUS       QEMU's maxcpus per guest (default: unset, QEMU's own: LAB_SMP); 2
+#                     with one vCPU makes TCG keep the guest's memory barriers, which QEMU
+#                     7.2 elides when maxcpus is 1 (docs/RXE-LAB.md, "The link stall")
 #   LAB_LINK          the two guests' link: socket (default: QEMU's socket netdev over
 #                     loopback, which pushes back instead of dropping, as a lossless RoCE
 #                     fabric does) or bridge (a Linux bridge and their two TAPs in a network
@@ -401,7 +404,9 @@ lab__stalled() {
 	local out=$1 r l
 	shift
 	for r in "$@"; do
-		l=$(grep -a -m1 "NETDEV WATCHDOG" "$out/$r.console" 2>/dev/null) || continue
+		# The serial console ends its lines with CR LF.
+		l=$(grep -a -m1 "NETDEV WATCHDOG" "$out/$r.console" 2>/dev/null | tr -d '\r') || true
+		[[ -n $l ]] || continue
 		echo "$r: $l"
 		return 0
 	done
@@ -476,6 +481,8 @@ lab__socket_link() {
 lab__check_loglevel() {
 	[[ ${LAB_LOGLEVEL:-4} =~ ^[0-8]$ ]] ||
 		lab_die "LAB_LOGLEVEL must be 0..8 (the guest kernel's console loglevel), not '$LAB_LOGLEVEL'"
+	[[ -z ${LAB_MAXCPUS:-} || ( $LAB_MAXCPUS =~ ^[1-9][0-9]?$ && $LAB_MAXCPUS -ge ${LAB_SMP:-1} ) ]] ||
+		lab_die "LAB_MAXCPUS must be a number of vCPUs no smaller than LAB_SMP (${LAB_SMP:-1}), not '$LAB_MAXCPUS'"
 }
 
 # ROLE NETDEV(tap,ifname=... | socket,listen=... | socket,connect=... | vde,sock=...) OUTDIR SCRIPT MAC [APPEND]
@@ -491,7 +498,7 @@ lab__qemu_guest() {
 	[[ -z ${6:-} ]] || append+=" $6"
 	exec "${LAB__QEMU_PREFIX[@]}" qemu-system-x86_64 \
 		-name "uipoib-lab-$role" \
-		-accel tcg,thread=multi -cpu max -smp "${LAB_SMP:-1}" -m "${LAB_MEM:-1024}" \
+		-accel tcg,thread=multi -cpu max -smp "${LAB_SMP:-1}${LAB_MAXCPUS:+,maxcpus=$LAB_MAXCPUS}" -m "${LAB_MEM:-1024}" \
 		-nodefaults -no-user-config -display none -no-reboot \
 		-kernel "$LAB_VMLINUZ" -initrd "$LAB_INITRD" -append "$append" \
 		-chardev "file,id=con0,path=$out/$role.console" -serial chardev:con0 \

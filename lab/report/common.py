@@ -238,7 +238,13 @@ def run_head(out):
 def lab_stalls(out):
     """The boots of this run stopped for a stalled link (lab/lib.sh writes lab-stalls.txt:
     a guest's eth0 transmit queue timed out, the emulation's fault), one line each."""
-    return [x for x in (read(os.path.join(out, "lab-stalls.txt")) or "").splitlines() if x.strip()]
+    try:
+        # newline="": a CR copied from the guest's serial console is not a line break.
+        with open(os.path.join(out, "lab-stalls.txt"), encoding="utf-8", errors="replace", newline="") as f:
+            t = f.read().replace("\r", "")
+    except OSError:
+        return []
+    return [x for x in t.split("\n") if x.strip()]
 
 
 def finish(out, kind, txt_name, json_name, t, rep, ok, failures):
