@@ -36,7 +36,8 @@
 #                     namespace of the run's own, as lab_vm_hosts's: it drops when a guest
 #                     falls behind; docs/RXE-LAB.md)
 #   LAB_STALL_RETRIES how many times lab_vm_run boots the two guests again after a boot
-#                     whose link stalled (a guest's NETDEV WATCHDOG; default 2)
+#                     whose link stalled (a guest's NETDEV WATCHDOG; default 2); each
+#                     boot has the whole LAB_TIMEOUT
 #   LAB_LINK_QUICKACK the socket link only: 0 (default: the host's namespace, where the
 #                     link holds a small frame for the peer's delayed ACK) or 1 (their
 #                     QEMUs in a network namespace whose loopback acknowledges every
@@ -413,22 +414,18 @@ lab__stalled() {
 	return 1
 }
 
-# lab__files OUTDIR: every file under OUTDIR (relative paths, sorted), but the lock,
-# the stall record and the files set aside from stalled boots.
-lab__files() {
-	(cd "$1" && find . -mindepth 1 \( -type f -o -type l \) ! -name .lab-vm.lock ! -name lab-stalls.txt \
-		! -path './stalled-boot-*' -printf '%P\n' | LC_ALL=C sort)
-}
-
-# lab__set_aside OUTDIR BOOT BEFORE: the files a stalled boot made (those not in the list
-# BEFORE) moved to OUTDIR/stalled-boot-BOOT/, at the same relative paths, so that the next
-# boot starts from what the host had prepared and the stalled boot's evidence is kept.
+# lab__set_aside OUTDIR BOOT STAMP: every file a stalled boot wrote (made or changed
+# after the file STAMP was touched, just before the boot) moved to
+# OUTDIR/stalled-boot-BOOT/ at the same relative path, but the lock and the stall record:
+# the next boot starts from what the host had prepared, no file of the stalled boot can
+# stand for one of the next, and the stalled boot's evidence is kept.
 lab__set_aside() {
-	local out=$1 boot=$2 before=$3 f
+	local out=$1 boot=$2 stamp=$3 f
 	while IFS= read -r f; do
 		mkdir -p "$out/stalled-boot-$boot/$(dirname "$f")"
 		mv -f "$out/$f" "$out/stalled-boot-$boot/$f"
-	done < <(lab__files "$out" | LC_ALL=C comm -13 "$before" -)
+	done < <(cd "$out" && find . -mindepth 1 \( -type f -o -type l \) -newer "$stamp" ! -name .lab-vm.lock \
+		! -name lab-stalls.txt ! -path './stalled-boot-*' -printf '%P\n')
 }
 
 # lab__link_stats OUTDIR ROLE...: the bridge's count of each guest's frames (its TAP
@@ -481,6 +478,8 @@ lab__socket_link() {
 lab__check_loglevel() {
 	[[ ${LAB_LOGLEVEL:-4} =~ ^[0-8]$ ]] ||
 		lab_die "LAB_LOGLEVEL must be 0..8 (the guest kernel's console loglevel), not '$LAB_LOGLEVEL'"
+	((${LAB_LOGLEVEL:-4} >= 3)) ||
+		lab_log "warning: LAB_LOGLEVEL=$LAB_LOGLEVEL hides the guest kernel's NETDEV WATCHDOG line (level 2) from the console: a stalled link will not be seen (needs 3 or more)"
 	[[ -z ${LAB_MAXCPUS:-} || ( $LAB_MAXCPUS =~ ^[1-9][0-9]?$ && $LAB_MAXCPUS -ge ${LAB_SMP:-1} ) ]] ||
 		lab_die "LAB_MAXCPUS must be a number of vCPUs no smaller than LAB_SMP (${LAB_SMP:-1}), not '$LAB_MAXCPUS'"
 }
@@ -554,11 +553,11 @@ lab_vm_run() {
 		lab_die "LAB_STALL_RETRIES must be 0..9 (boots repeated after a stalled link), not '$retries'"
 	rm -rf "$out"/stalled-boot-*
 	rm -f "$out/lab-stalls.txt"
-	local before boot=1 why
-	before=$(mktemp /tmp/uipoib-lab-files.XXXXXX)
-	LAB__TMPS+=("$before")
-	lab__files "$out" >"$before"
+	local stamp boot=1 why first=$SECONDS
+	stamp=$(mktemp /tmp/uipoib-lab-boot.XXXXXX)
+	LAB__TMPS+=("$stamp")
 	while :; do
+		touch "$stamp"
 		lab__boot_pair "$out" "$sa" "$sb" "$link" "$timeout"
 		[[ $LAB__BOOT_END == stalled ]] || break
 		why="boot $boot: the link stalled, guest $LAB__BOOT_STALL (+${LAB__BOOT_SECS}s)"
@@ -567,7 +566,7 @@ lab_vm_run() {
 			lab_log "the link stalled in boot $boot and no repeat is left (LAB_STALL_RETRIES=$retries): the run failed; see $out/lab-stalls.txt"
 			break
 		fi
-		lab__set_aside "$out" "$boot" "$before"
+		lab__set_aside "$out" "$boot" "$stamp"
 		echo "$why; its files are in stalled-boot-$boot/, the run was repeated" >>"$out/lab-stalls.txt"
 		lab_log "the guests' link stalled ($LAB__BOOT_STALL): an emulation fault, not the datapath's (docs/RXE-LAB.md); boot $boot's files set aside in $out/stalled-boot-$boot/; booting again ($boot of $retries repeats)"
 		boot=$((boot + 1))
@@ -575,7 +574,11 @@ lab_vm_run() {
 
 	local fail=0
 	lab__guest_results "$out" "$LAB__BOOT_TIMED_OUT" a b || fail=1
-	lab_log "both guests done in ${LAB__BOOT_SECS}s"
+	if ((boot > 1)); then
+		lab_log "both guests done in ${LAB__BOOT_SECS}s (boot $boot; $((SECONDS - first))s since the first)"
+	else
+		lab_log "both guests done in ${LAB__BOOT_SECS}s"
+	fi
 	return "$fail"
 }
 
@@ -641,6 +644,20 @@ lab__boot_pair() {
 	done
 	lab__progress "$out" "$start" a b
 	lab__kill_guests
+	# Both guests may have powered off between the last look and a stall line: a stall
+	# that left a guest without exit code 0 counts as one.
+	local r
+	if [[ $LAB__BOOT_END == done ]] && LAB__BOOT_STALL=$(lab__stalled "$out" a b); then
+		for r in a b; do
+			if [[ $(cat "$out/$r.rc" 2>/dev/null) != 0 ]]; then
+				LAB__BOOT_END=stalled LAB__BOOT_TIMED_OUT=stalled
+				lab_log "STALLED LINK: guest ${LAB__BOOT_STALL} (seen after the guests had stopped)"
+				break
+			fi
+		done
+		[[ $LAB__BOOT_END == stalled ]] ||
+			lab_log "a guest's console shows a stalled link ($LAB__BOOT_STALL), but both guests' scripts exited 0: the boot stands"
+	fi
 	if [[ $link == bridge ]]; then
 		lab__link_stats "$out" a b
 		lab__kill_switches
@@ -655,6 +672,7 @@ lab__boot_pair() {
 # each reason; non-zero if FAILED.
 lab_stall_check() {
 	local out=$1 rc why=() g=$LAB_GUEST_DIR/stall-check
+	rm -rf "${out:?}/1" "${out:?}/0"
 	rc=0
 	LAB_STALL_RETRIES=1 lab_vm_run "$out/1" "$g" "$g" || rc=$?
 	((rc == 0)) || why+=("with one repeat allowed the run exited $rc, not 0")
