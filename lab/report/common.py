@@ -160,6 +160,22 @@ def parse_ib_send_bw(t):
         return None
 
 
+def ib_send_bw_received(server_text, client_text):
+    """ib_send_bw's rate as (msg_size, received MB/s, sent MB/s or None, sender_stands_in),
+    or None without a rate. UD has no flow control: the rate is what the receiver (the
+    server) counted; the sender's also counts what a dropping link (the lab's bridge)
+    never delivered. perftest's server sometimes ends a -D run with "0.00" after thousands
+    of iterations, which is no rate: the sender's then stands in (on the default socket
+    link nothing is dropped), and the caller says so."""
+    ib, sent = parse_ib_send_bw(server_text), parse_ib_send_bw(client_text)
+    sent_mb = sent[1] if sent and sent[1] > 0 else None
+    if ib and ib[1] > 0:
+        return ib[0], ib[1], sent_mb, False
+    if sent_mb is not None:
+        return sent[0], sent_mb, sent_mb, True
+    return None
+
+
 def mb_to_mbit(mb):
     return mb * MIB * 8 / 1e6
 

@@ -20,7 +20,7 @@ from common import (
     fmt,
     ratio,
     parse_ping,
-    parse_ib_send_bw,
+    ib_send_bw_received,
     mb_to_mbit,
     parse_iperf,
     verdict,
@@ -212,19 +212,11 @@ def e2e(a):
                 missing.append(f"ping {name.replace('_', ' ')}: {fail}")
 
     # --- ib_send_bw UD ---
-    # UD has no flow control: the rate is what the receiver (the server, a) counted; the
-    # sender's figure also counts messages the link dropped (the lab's bridge drops when
-    # the receiving QEMU is full).
-    ib = parse_ib_send_bw(read(os.path.join(out, "ib_send_bw-server.txt")))
-    sent = parse_ib_send_bw(read(os.path.join(out, "ib_send_bw-client.txt")))
-    stand_in = False
-    if not (ib and ib[1] > 0) and sent and sent[1] > 0:
-        # perftest's server sometimes ends a -D run with "0.00": no rate. The sender's
-        # stands in (on the default socket link nothing is dropped), and the report says so.
-        ib, stand_in = sent, True
-    if ib and ib[1] > 0:
+    ib = ib_send_bw_received(read(os.path.join(out, "ib_send_bw-server.txt")),
+                             read(os.path.join(out, "ib_send_bw-client.txt")))
+    if ib:
         rep["ib_send_bw_ud"] = {"status": "ok", "msg_size": ib[0], "MB_per_s": ib[1], "mbit_per_s": mb_to_mbit(ib[1]),
-                                "sent_mbit_per_s": mb_to_mbit(sent[1]) if sent else None, "sender_stands_in": stand_in}
+                                "sent_mbit_per_s": None if ib[2] is None else mb_to_mbit(ib[2]), "sender_stands_in": ib[3]}
         if ib[0] != rep["config"]["msg_size"]:
             problems.append(f"ib_send_bw ran with {ib[0]}-byte messages, not {rep['config']['msg_size']}")
     else:

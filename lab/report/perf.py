@@ -12,7 +12,7 @@ from common import (
     load,
     fmt,
     ratio,
-    parse_ib_send_bw,
+    ib_send_bw_received,
     perftest_row,
     parse_ping,
     mb_to_mbit,
@@ -24,14 +24,6 @@ from common import (
 
 
 # ---- perf: scripts/perf -----------------------------------------------------------------
-
-
-def ib_send_bw_mbit(t):
-    """ib_send_bw's 'BW average' as Mbit/s; perftest sometimes ends a -D run with "0.00"
-    after thousands of iterations: that is no measurement."""
-    ib = parse_ib_send_bw(t)
-    v = mb_to_mbit(ib[1]) if ib else None
-    return v if v else None
 
 
 def perf_iperf(path):
@@ -410,17 +402,11 @@ def perf(args):
     rows = []
     missing = []
     for r in range(1, reps + 1):
-        # UD has no flow control: what the verbs path carries is what the receiver (the
-        # server, a) counted; the sender's (b) figure also counts messages a link that
-        # drops (the lab's bridge, when a's QEMU is full) never delivered.
-        ib_sent = ib_send_bw_mbit(read(os.path.join(raw, f"r{r}.ibsend.txt")))
-        ib = ib_send_bw_mbit(read(os.path.join(raw, f"r{r}.ibsend.server.txt")))
-        ib_note = None
-        if ib is None and ib_sent is not None:
-            # perftest's server sometimes ends a -D run with "0.00" after thousands of
-            # iterations: no rate. The sender's stands in, which on the default socket
-            # link (no drops) is the received one; said in the report.
-            ib, ib_note = ib_sent, f"rep {r}: ib_send_bw's server printed no rate; the sender's figure stands in"
+        got = ib_send_bw_received(read(os.path.join(raw, f"r{r}.ibsend.server.txt")),
+                                  read(os.path.join(raw, f"r{r}.ibsend.txt")))
+        ib = mb_to_mbit(got[1]) if got else None
+        ib_sent = mb_to_mbit(got[2]) if got and got[2] is not None else None
+        ib_note = f"rep {r}: ib_send_bw's server printed no rate; the sender's figure stands in" if got and got[3] else None
         eth = perf_iperf(os.path.join(raw, f"r{r}.eth0tcp.json"))
         row = dict(rep=r, ib_send_bw=ib, ib_send_bw_sent=ib_sent, ib_send_bw_note=ib_note, eth0_tcp=eth, ib_send_lat=iblat("iblat"), ib_send_lat_e=iblat("iblat-e"),
                    eth0_latency=latency(out, f"r{r}.eth0lat"), variants={},
