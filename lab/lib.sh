@@ -304,21 +304,21 @@ lab_free_port() {
 # (In the namespace QEMU runs in: lab__socket_link's, when it made one.)
 lab_port_listening() { [[ -n $("${LAB__QEMU_PREFIX[@]}" ss -Htln "src 127.0.0.1 and sport = :$1" 2>/dev/null) ]]; }
 
-# lab__guest_results OUT TIMED_OUT NAME...: each guest's exit code from OUT/NAME.rc (124
-# when the run timed out without one, 125 when the guest died without one, 126 when the
-# run was stopped for a stalled link (TIMED_OUT=stalled), written back), logged; non-zero
-# if any guest did not exit 0.
+# lab__guest_results OUT END NAME...: each guest's exit code from OUT/NAME.rc (124 when
+# the run ended in a timeout (END=timeout) without one, 126 when it was stopped for a
+# stalled link (END=stalled), 125 when the guest died without one (END=done), written
+# back), logged; non-zero if any guest did not exit 0.
 lab__guest_results() {
-	local out=$1 timed_out=$2 fail=0 rc r
+	local out=$1 end=$2 fail=0 rc r
 	shift 2
 	for r in "$@"; do
 		if [[ -s $out/$r.rc ]]; then
 			rc=$(<"$out/$r.rc")
-		elif [[ $timed_out == stalled ]]; then
+		elif [[ $end == stalled ]]; then
 			rc=126
 			echo "$rc" >"$out/$r.rc"
 			lab_log "guest $r: stopped, the link had stalled (no exit code)"
-		elif [[ -n $timed_out ]]; then
+		elif [[ $end == timeout ]]; then
 			rc=124
 			echo "$rc" >"$out/$r.rc"
 			lab_log "guest $r: timed out (no exit code)"
@@ -573,7 +573,7 @@ lab_vm_run() {
 	done
 
 	local fail=0
-	lab__guest_results "$out" "$LAB__BOOT_TIMED_OUT" a b || fail=1
+	lab__guest_results "$out" "$LAB__BOOT_END" a b || fail=1
 	if ((boot > 1)); then
 		lab_log "both guests done in ${LAB__BOOT_SECS}s (boot $boot; $((SECONDS - first))s since the first)"
 	else
@@ -584,13 +584,13 @@ lab_vm_run() {
 
 # lab__boot_pair OUTDIR SCRIPT_A SCRIPT_B LINK TIMEOUT: one boot of the two guests, until
 # both have powered off, TIMEOUT seconds have passed or a guest's link stalled
-# (lab__stalled). Sets LAB__BOOT_END (done, timeout or stalled), LAB__BOOT_TIMED_OUT (the
-# second argument of lab__guest_results), LAB__BOOT_STALL (which guest, and its console
+# (lab__stalled). Sets LAB__BOOT_END (done, timeout or stalled: the second argument of
+# lab__guest_results), LAB__BOOT_STALL (which guest, and its console
 # line) and LAB__BOOT_SECS.
 lab__boot_pair() {
 	local out=$1 sa=$2 sb=$3 link=$4 timeout=$5
 	local start=$SECONDS port pa pb attempt up
-	LAB__BOOT_END=done LAB__BOOT_TIMED_OUT='' LAB__BOOT_STALL=''
+	LAB__BOOT_END=done LAB__BOOT_STALL=''
 	if [[ $link == bridge ]]; then
 		lab__bridge 9000 uipoib-a uipoib-b
 		lab_log "kernel $LAB_KVER; booting guest a ($sa) and guest b ($sb); out=$out; timeout ${timeout}s; link: bridge"
@@ -631,12 +631,12 @@ lab__boot_pair() {
 	while kill -0 "$pa" 2>/dev/null || kill -0 "$pb" 2>/dev/null; do
 		lab__progress "$out" "$start" a b
 		if LAB__BOOT_STALL=$(lab__stalled "$out" a b); then
-			LAB__BOOT_END=stalled LAB__BOOT_TIMED_OUT=stalled
+			LAB__BOOT_END=stalled
 			lab_log "STALLED LINK: guest ${LAB__BOOT_STALL}; stopping the guests"
 			break
 		fi
 		if ((SECONDS - start >= timeout)); then
-			LAB__BOOT_END=timeout LAB__BOOT_TIMED_OUT=1
+			LAB__BOOT_END=timeout
 			lab_log "TIMEOUT after ${timeout}s; killing the guests"
 			break
 		fi
@@ -650,7 +650,7 @@ lab__boot_pair() {
 	if [[ $LAB__BOOT_END == done ]] && LAB__BOOT_STALL=$(lab__stalled "$out" a b); then
 		for r in a b; do
 			if [[ $(cat "$out/$r.rc" 2>/dev/null) != 0 ]]; then
-				LAB__BOOT_END=stalled LAB__BOOT_TIMED_OUT=stalled
+				LAB__BOOT_END=stalled
 				lab_log "STALLED LINK: guest ${LAB__BOOT_STALL} (seen after the guests had stopped)"
 				break
 			fi
@@ -774,7 +774,7 @@ lab_vm_hosts() {
 		LAB__PIDS=("${pids[@]}")
 	done
 
-	local timed_out='' alive pid stall
+	local end=done alive pid stall
 	rm -f "$out/lab-stalls.txt"
 	LAB__SEEN=()
 	while :; do
@@ -787,13 +787,13 @@ lab_vm_hosts() {
 		[[ -n $alive ]] || break
 		# shellcheck disable=SC2046 # the guest names, one word each
 		if stall=$(lab__stalled "$out" $(seq -f 'h%g' 1 "$n")); then
-			timed_out=stalled
+			end=stalled
 			echo "the link stalled, guest $stall (+$((SECONDS - start))s); the hosts lab does not repeat its boot: the run failed" >"$out/lab-stalls.txt"
 			lab_log "STALLED LINK: guest $stall; stopping the guests (an emulation fault, not the datapath's; docs/RXE-LAB.md)"
 			break
 		fi
 		if ((SECONDS - start >= timeout)); then
-			timed_out=1
+			end=timeout
 			lab_log "TIMEOUT after ${timeout}s; killing the guests"
 			break
 		fi
@@ -804,7 +804,7 @@ lab_vm_hosts() {
 
 	local fail=0
 	# shellcheck disable=SC2046 # the guest names, one word each
-	lab__guest_results "$out" "$timed_out" $(seq -f 'h%g' 1 "$n") || fail=1
+	lab__guest_results "$out" "$end" $(seq -f 'h%g' 1 "$n") || fail=1
 	lab_log "all $n guests done in $((SECONDS - start))s"
 	return "$fail"
 }
