@@ -169,6 +169,38 @@ def backlog_dropped(out, tag, role):
     return a - b if a is not None and b is not None else None
 
 
+def vcpu_split(out, tag, role):
+    """How the guest's vCPU spent the step (its /proc/stat `cpu` line before and after):
+    dict of percentages busy, user (with nice), system, irq (hard and soft, rxe's receive
+    and the kernel's input among it) and idle (with iowait), or None."""
+    def get(when):
+        t = read(os.path.join(out, "raw", f"{tag}.{when}.stat.{role}")) or ""
+        f = t.split()
+        try:
+            return [int(x) for x in f[1:9]] if len(f) >= 9 and f[0] == "cpu" else None
+        except ValueError:
+            return None
+    b, a = get("before"), get("after")
+    if not a or not b:
+        return None
+    d = [x - y for x, y in zip(a, b)]
+    total = sum(d)
+    if total <= 0:
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = d
+    pc = lambda v: 100.0 * v / total
+    return dict(busy=pc(total - idle - iowait), user=pc(user + nice), system=pc(system),
+                irq=pc(irq + softirq), idle=pc(idle + iowait), steal=pc(steal))
+
+
+def vcpu_text(v):
+    """'busy 97% (user 20, system 40, irq 37)' or '-'."""
+    if not v:
+        return "-"
+    return (f"busy {v['busy']:.0f}% (user {v['user']:.0f}, system {v['system']:.0f}, "
+            f"irq {v['irq']:.0f})")
+
+
 def daemon_drops(out, tag, role):
     """The daemon's drops (every reason) during the step, or None."""
     d = stats_delta(out, tag, role)
@@ -189,6 +221,7 @@ def where_lost(out, tag):
             rxe_rx_lost=rxe_rx_lost(out, tag, role),
             udp=udp_delta(out, tag, role),
             backlog_dropped=backlog_dropped(out, tag, role),
+            vcpu=vcpu_split(out, tag, role),
         )
     # Sent by b's daemon and not received by a's (the fabric, rxe, a restart's reaped
     # completions; ARP and neighbour discovery ride both ways and roughly cancel).
@@ -613,7 +646,9 @@ def perf(args):
         p(f"UDP rate sweep through uipoib{tag} (-b asked, sent and received Mbit/s, loss, the receiver's time over the")
         p(f"  sender's; lossless: < 1 % loss and the receiver done within {SWEEP_SUSTAIN}x the sender's time;")
         p("  where datagrams were lost: b's TAP queue, the daemons' drops, between the daemons (of it rxe's")
-        p("  rcvd_pkts - rdma_recvs on a), a's TAP, a's input backlog, a's UDP socket receive buffer):")
+        p("  rcvd_pkts - rdma_recvs on a), a's TAP, a's input backlog, a's UDP socket receive buffer;")
+        p("  then each guest's vCPU over the step, from /proc/stat: busy, and its user, system and")
+        p("  interrupt (hard and soft: rxe's receive, the kernel's input) shares):")
         for row, key in [(row, key) for key in ("sweep", "sweepw") for row in rows]:
             sw = row["variants"][n].get(key)
             if sw is None:
@@ -628,6 +663,9 @@ def perf(args):
                   f"recvd {fmt(st['received_mbit']):>6} loss {fmt(st['lost_percent'], '.2f'):>6}% "
                   f"over {fmt(st['receiver_stretch'], '.2f')}x the time "
                   f"{'pass' if st['passed'] else 'FAIL'}; lost {st['lost_packets']}: {where_text(st['where_lost'])}")
+                wl = st["where_lost"]
+                if wl["a"].get("vcpu") or wl["b"].get("vcpu"):
+                    p(f"      vCPU a {vcpu_text(wl['a'].get('vcpu'))}; b {vcpu_text(wl['b'].get('vcpu'))}")
 
     for role in ("a", "b"):
         st = read(os.path.join(raw, f"prof.strace.{role}.txt"))
