@@ -174,49 +174,6 @@ fn send_ring_backpressure_and_recovery() {
     a.ledger().check().unwrap();
 }
 
-/// A reply goes out before the TAP is read to its end: `tx_from_tap_upto(.., 1)` reads
-/// one frame and posts it (the peer can receive it already), without the read that
-/// finds the TAP empty; the gate still says the TAP may hold more, and the next turn
-/// takes the rest and then finds it empty.
-#[test]
-fn a_reply_is_posted_alone_before_the_tap_is_drained() {
-    let (_f, mut a, mut b) = pair(4096, 16, 16);
-    let (ta, tb) = (FakeTap::default(), FakeTap::default());
-    let now = Instant::now();
-    common::introduce(&mut a, &ta, &mut b, &tb, A_IP, B_IP);
-    let mut g = TxGate::new();
-    for i in 0..3u8 {
-        ta.inject(ipv4_frame(b.mac(), a.mac(), A_IP, B_IP, &[i; 64]));
-    }
-    let reads = ta.reads();
-    assert_eq!(a.tx_from_tap_upto(&ta, &mut g, now, 1).unwrap(), 1);
-    assert_eq!(
-        ta.reads() - reads,
-        1,
-        "one read, none that finds the TAP empty"
-    );
-    assert!(g.pending(), "the TAP may hold more: the gate stays open");
-    assert_eq!(ta.pending(), 2);
-    assert_eq!(
-        b.poll_rx(&tb, now).unwrap(),
-        1,
-        "the first frame was posted alone"
-    );
-    assert_eq!(tb.take_written()[0][14 + 20..], [0u8; 64]);
-    assert_eq!(a.tx_from_tap(&ta, &mut g, now).unwrap(), 2);
-    assert_eq!(
-        ta.reads() - reads,
-        4,
-        "the rest, then the read that finds it empty"
-    );
-    assert!(!g.pending());
-    while b.poll_rx(&tb, now).unwrap() > 0 {}
-    assert_eq!(tb.take_written().len(), 2);
-    a.poll_tx(now).unwrap();
-    assert_eq!(a.stats().snapshot().drops_total(), 0);
-    a.ledger().check().unwrap();
-}
-
 #[test]
 fn budget_bounds_one_poll_and_ring_is_reposted() {
     let (_f, mut a, mut b) = pair(4096, 16, 16);

@@ -390,12 +390,6 @@ fn run(
     let mut events = Events::with_capacity(64);
     let mut next_hk = Instant::now() + HOUSEKEEPING_INTERVAL;
     let mut published = Published::default();
-    // A completion event is read one at a time when the channel signals (one is all it
-    // takes to make a poll of both CQs due); the read that finds the channel empty waits
-    // until the CQs are armed again or the loop is about to sleep, off the way of a reply
-    // the poll may send. Each arm raises at most one event per CQ, and every arm and
-    // every sleep is preceded by reading the rest: at most two wait unread.
-    let mut events_unread = false;
     iface.announce_once(Instant::now());
     let result: Result<(), Failure> = (|| {
         // A restart posted a first chunk of the receive ring before its announcement
@@ -408,13 +402,7 @@ fn run(
             if iface.take_poll_retry() {
                 napi.retry();
             }
-            let mut busy = napi.poll_due() || (gate.pending() && iface.free_send_slots() > 0);
-            if !busy {
-                // About to sleep: readiness is edge-triggered, so events left in the
-                // channel would never be reported.
-                take_unread_events(&mut iface, &mut napi, &mut events_unread)?;
-                busy = napi.poll_due();
-            }
+            let busy = napi.poll_due() || (gate.pending() && iface.free_send_slots() > 0);
             let timeout = if busy {
                 Duration::ZERO
             } else {
@@ -429,13 +417,12 @@ fn run(
                 match ev.token() {
                     TAP => gate.on_readable(),
                     CQ => {
-                        let ev = iface
+                        let (r, s) = iface
                             .endpoint_mut()
-                            .take_cq_events_upto(1)
+                            .take_cq_events()
                             .map_err(Failure::Verbs)?;
-                        events_unread |= !ev.drained;
-                        iface.on_cq_events(ev.recv, ev.send);
-                        napi.on_events(ev.recv + ev.send);
+                        iface.on_cq_events(r, s);
+                        napi.on_events(r + s);
                     }
                     ASYNC => {
                         while let Some(ev) = iface
@@ -496,12 +483,9 @@ fn run(
                         // application ran when our write returned) waits in the TAP now:
                         // it is read and posted before the arm and the wait, which then
                         // happen while the peer works, not on the answer's way out.
-                        // Only the first frame: it is posted alone, at once; the read
-                        // that finds the TAP empty (or the rest of a burst) is the TX
-                        // turn's below, after the arm.
                         if rx > 0 && iface.free_send_slots() > 0 {
                             gate.on_readable();
-                            if iface.tx_from_tap_upto(tap, &mut gate, now, 1)? > 0 {
+                            if iface.tx_from_tap(tap, &mut gate, now)? > 0 {
                                 napi.on_tx_work(now);
                             }
                         }
@@ -510,7 +494,6 @@ fn run(
                         // a wake-up per packet sent, but in the lab's slow-poll scenario
                         // the unfaulted side's sends then stopped completing (send-stall
                         // restarts, no ping after it): not kept until that is understood.
-                        take_unread_events(&mut iface, &mut napi, &mut events_unread)?;
                         iface.arm_cqs()?;
                         let rx = iface.poll_rx(tap, now)?;
                         let tx = iface.poll_tx(now)?;
@@ -561,23 +544,6 @@ fn run(
             }
         }
     }
-}
-
-/// Read the completion events left unread (see `events_unread` in [`run`]), if any.
-fn take_unread_events(
-    iface: &mut Interface,
-    napi: &mut Napi,
-    unread: &mut bool,
-) -> Result<(), Failure> {
-    if std::mem::take(unread) {
-        let (r, s) = iface
-            .endpoint_mut()
-            .take_cq_events()
-            .map_err(Failure::Verbs)?;
-        iface.on_cq_events(r, s);
-        napi.on_events(r + s);
-    }
-    Ok(())
 }
 
 /// After a GID table change: a restart if our GID (or its index) is not what the endpoint

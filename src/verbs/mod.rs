@@ -367,18 +367,6 @@ pub struct PostRecvError {
     pub error: VerbsError,
 }
 
-/// Completion events taken by [`Endpoint::take_cq_events_upto`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CqEvents {
-    /// Events for the receive CQ.
-    pub recv: u32,
-    /// Events for the send CQ.
-    pub send: u32,
-    /// Whether the channel was read until empty; `false` when the read stopped at its
-    /// limit with more events possibly pending.
-    pub drained: bool,
-}
-
 /// The file descriptors a poller waits on for one [`Endpoint`], from
 /// [`Endpoint::watch`]. Reading them is the endpoint's business: the poller only waits
 /// until one is readable and then calls the method that goes with its list.
@@ -462,21 +450,6 @@ pub trait Endpoint: Send {
     /// Read every pending completion event without blocking, acknowledge them, and say
     /// which CQs they were for (`(recv_events, send_events)`).
     fn take_cq_events(&mut self) -> Result<(u32, u32), VerbsError>;
-
-    /// Like [`Endpoint::take_cq_events`], but stop after `max` events (at least one is
-    /// tried): a caller that polls every CQ after any event needs one to know that a poll
-    /// is due, and can leave the read that finds the channel empty for later (before it
-    /// sleeps: readiness is edge-triggered, so nothing reports events left unread).
-    /// The default reads them all.
-    fn take_cq_events_upto(&mut self, max: u32) -> Result<CqEvents, VerbsError> {
-        let _ = max;
-        let (recv, send) = self.take_cq_events()?;
-        Ok(CqEvents {
-            recv,
-            send,
-            drained: true,
-        })
-    }
 
     /// Read one pending asynchronous event without blocking (`None` when none).
     fn next_async_event(&mut self) -> Result<Option<AsyncEvent>, VerbsError>;

@@ -34,7 +34,6 @@ use uipoib::wire::ipv4::Ipv4Cidr;
 pub struct FakeTap {
     inbound: Mutex<VecDeque<Vec<u8>>>,
     written: Mutex<Vec<Vec<u8>>>,
-    reads: std::sync::atomic::AtomicUsize,
 }
 
 impl FakeTap {
@@ -47,17 +46,10 @@ impl FakeTap {
     pub fn take_written(&self) -> Vec<Vec<u8>> {
         std::mem::take(&mut *self.written.lock().unwrap())
     }
-    /// Reads so far, those that found nothing (`WouldBlock`) included.
-    #[allow(dead_code)] // not every test binary that includes this module counts reads
-    pub fn reads(&self) -> usize {
-        self.reads.load(std::sync::atomic::Ordering::Relaxed)
-    }
 }
 
 impl FrameIo for FakeTap {
     fn read_frame(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.reads
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         match self.inbound.lock().unwrap().pop_front() {
             Some(f) => {
                 let n = f.len().min(buf.len());

@@ -98,22 +98,8 @@ impl Interface {
         gate: &mut crate::iface::napi::TxGate,
         now: Instant,
     ) -> Result<usize, Failure> {
-        self.tx_from_tap_upto(tap, gate, now, self.tx_batch)
-    }
-
-    /// [`Interface::tx_from_tap`] taking at most `max` frames (and never more than a
-    /// batch): with 1, a reply is posted without first reading the TAP until it is
-    /// empty.
-    pub fn tx_from_tap_upto(
-        &mut self,
-        tap: &dyn FrameIo,
-        gate: &mut crate::iface::napi::TxGate,
-        now: Instant,
-        max: usize,
-    ) -> Result<usize, Failure> {
-        let max = max.min(self.tx_batch);
         let mut taken = 0;
-        while taken < max && gate.may_read(self.ledger.free_send()) {
+        while taken < self.tx_batch && gate.may_read(self.ledger.free_send()) {
             // The frame is read straight into a send slot's room, placed so that its IP
             // packet already lies where the send carries it: a data packet is sent
             // without being copied again.

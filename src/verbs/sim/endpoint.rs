@@ -12,8 +12,8 @@ use std::time::Instant;
 
 use crate::verbs::retire::{Destroy, Gone, OldQp, Reaper, gone_pair};
 use crate::verbs::{
-    AhHandle, AsyncEvent, Completion, CqEvents, CqKind, Endpoint, EndpointAttrs, Gid,
-    PostSendError, SEND_HEADROOM, SEND_TAILROOM, SendWr, VerbsError, WaitFds, WcStatus,
+    AhHandle, AsyncEvent, Completion, CqKind, Endpoint, EndpointAttrs, Gid, PostSendError,
+    SEND_HEADROOM, SEND_TAILROOM, SendWr, VerbsError, WaitFds, WcStatus,
 };
 
 /// Bytes of one send slot with its room.
@@ -331,14 +331,6 @@ impl Endpoint for SimEndpoint {
     }
 
     fn take_cq_events(&mut self) -> Result<(u32, u32), VerbsError> {
-        let ev = self.take_cq_events_upto(u32::MAX)?;
-        Ok((ev.recv, ev.send))
-    }
-
-    /// At most `max` events, the receive CQ's first; the channel's bytes are all read
-    /// (its readiness, like a completion channel's, reports only new events), so events
-    /// left are seen only by a later call.
-    fn take_cq_events_upto(&mut self, max: u32) -> Result<CqEvents, VerbsError> {
         if let Some(rx) = &self.channel {
             let mut buf = [0u8; 64];
             loop {
@@ -350,22 +342,11 @@ impl Endpoint for SimEndpoint {
                 }
             }
         }
-        let (r, s, drained) = {
-            let mut st = lock(&self.qp.state);
-            let [r, s] = st.events;
-            let r_take = r.min(max.max(1));
-            let s_take = s.min(max.max(1) - r_take);
-            st.events = [r - r_take, s - s_take];
-            (r_take, s_take, st.events == [0, 0])
-        };
+        let [r, s] = std::mem::take(&mut lock(&self.qp.state).events);
         // Events of a CQ that was replaced are not the polled CQ's.
         let r = if self.recreated[0] { 0 } else { r };
         let s = if self.recreated[1] { 0 } else { s };
-        Ok(CqEvents {
-            recv: r,
-            send: s,
-            drained,
-        })
+        Ok((r, s))
     }
 
     /// Always `Ok(None)`: the simulated fabric raises no asynchronous events.

@@ -12,8 +12,8 @@ use std::time::Instant;
 use super::{BAD_WR, EpShared, FaultSwitch, FaultyProvider, Hit, KNOBS, POLL_HOOKS, bit, lock};
 use crate::verbs::fault::{Fault, FaultKind, SplitMix64};
 use crate::verbs::{
-    AhHandle, AsyncEvent, Completion, CqEvents, CqKind, Endpoint, EndpointAttrs, EndpointConfig,
-    Gid, PostRecvError, PostSendError, Provider, RecvWr, SendWr, VerbsError, WaitFds, WcStatus,
+    AhHandle, AsyncEvent, Completion, CqKind, Endpoint, EndpointAttrs, EndpointConfig, Gid,
+    PostRecvError, PostSendError, Provider, RecvWr, SendWr, VerbsError, WaitFds, WcStatus,
 };
 
 impl Provider for FaultyProvider {
@@ -466,21 +466,16 @@ impl Endpoint for FaultyEndpoint {
         self.inner.unwatch();
     }
     fn take_cq_events(&mut self) -> Result<(u32, u32), VerbsError> {
-        let ev = self.take_cq_events_upto(u32::MAX)?;
-        Ok((ev.recv, ev.send))
-    }
-    fn take_cq_events_upto(&mut self, max: u32) -> Result<CqEvents, VerbsError> {
-        let mut ev = self.inner.take_cq_events_upto(max)?;
+        let (r, s) = self.inner.take_cq_events()?;
         if self.shared.spurious.load(Ordering::Relaxed) == 0 {
-            return Ok(ev);
+            return Ok((r, s));
         }
         if let Some(rx) = &self.cq_rx {
             let mut b = [0u8; 64];
             while matches!((&*rx).read(&mut b), Ok(n) if n > 0) {}
         }
         let extra = self.shared.spurious.swap(0, Ordering::SeqCst);
-        ev.recv = ev.recv.saturating_add(extra);
-        Ok(ev)
+        Ok((r.saturating_add(extra), s))
     }
     fn next_async_event(&mut self) -> Result<Option<AsyncEvent>, VerbsError> {
         if let Some(rx) = &self.async_rx {

@@ -13,8 +13,7 @@ use super::RdmaEndpoint;
 #[cfg(doc)]
 use crate::verbs::Endpoint;
 use crate::verbs::{
-    Completion, CqEvents, CqKind, PostRecvError, PostSendError, RecvWr, SendWr, VerbsError,
-    WcStatus,
+    Completion, CqKind, PostRecvError, PostSendError, RecvWr, SendWr, VerbsError, WcStatus,
 };
 
 impl RdmaEndpoint {
@@ -281,22 +280,16 @@ impl RdmaEndpoint {
         }
     }
 
-    /// Read pending completion events, at most `max` (at least one read), acknowledge
-    /// them, and count those for `recv` and `send` (the endpoint's CQs, or during a
-    /// renewal the old ones); `drained` when a read found the channel empty.
+    /// Read every pending completion event, acknowledge them, and count those for `recv`
+    /// and `send` (the endpoint's CQs, or during a renewal the old ones).
     pub(super) fn take_cq_events_of(
         &mut self,
         recv: *mut ibv_cq,
         send: *mut ibv_cq,
-        max: u32,
-    ) -> Result<CqEvents, VerbsError> {
+    ) -> Result<(u32, u32), VerbsError> {
         let (mut n_recv, mut n_send) = (0u32, 0u32);
         let mut failure = None;
-        let (mut taken, mut drained) = (0u32, false);
         loop {
-            if taken >= max.max(1) {
-                break;
-            }
             let mut cq: *mut ibv_cq = ptr::null_mut();
             let mut cq_ctx: *mut c_void = ptr::null_mut();
             // SAFETY: the channel is live and its fd nonblocking; both out-pointers are
@@ -304,10 +297,7 @@ impl RdmaEndpoint {
             let ret = unsafe { ibv_get_cq_event(self.channel.as_ptr(), &mut cq, &mut cq_ctx) };
             if ret != 0 {
                 match last_errno() {
-                    libc::EAGAIN => {
-                        drained = true;
-                        break;
-                    }
+                    libc::EAGAIN => break,
                     libc::EINTR => continue,
                     e => {
                         failure = Some(VerbsError::verb("ibv_get_cq_event", e));
@@ -315,7 +305,6 @@ impl RdmaEndpoint {
                     }
                 }
             }
-            taken += 1;
             if cq == recv {
                 n_recv = n_recv.saturating_add(1);
             } else if cq == send {
@@ -342,11 +331,7 @@ impl RdmaEndpoint {
             }
         }
         match failure {
-            None => Ok(CqEvents {
-                recv: n_recv,
-                send: n_send,
-                drained,
-            }),
+            None => Ok((n_recv, n_send)),
             Some(e) => Err(e),
         }
     }

@@ -44,8 +44,8 @@ use super::objects::{
 };
 use crate::verbs::retire::{Destroy, Gone, GoneSignal, OldQp, Reaper, RetireQueue};
 use crate::verbs::{
-    AhHandle, AsyncEvent, Completion, CqEvents, CqKind, Endpoint, EndpointAttrs, EndpointConfig,
-    Gid, PostRecvError, PostSendError, RecvWr, SendWr, VerbsError, WaitFds,
+    AhHandle, AsyncEvent, Completion, CqKind, Endpoint, EndpointAttrs, EndpointConfig, Gid,
+    PostRecvError, PostSendError, RecvWr, SendWr, VerbsError, WaitFds,
 };
 use multicast::detach_raw;
 
@@ -395,13 +395,8 @@ impl Endpoint for RdmaEndpoint {
     fn unwatch(&mut self) {}
 
     fn take_cq_events(&mut self) -> Result<(u32, u32), VerbsError> {
-        let ev = self.take_cq_events_upto(u32::MAX)?;
-        Ok((ev.recv, ev.send))
-    }
-
-    fn take_cq_events_upto(&mut self, max: u32) -> Result<CqEvents, VerbsError> {
         let (recv, send) = (self.recv_cq.as_ptr(), self.send_cq.as_ptr());
-        self.take_cq_events_of(recv, send, max)
+        self.take_cq_events_of(recv, send)
     }
 
     fn next_async_event(&mut self) -> Result<Option<AsyncEvent>, VerbsError> {
