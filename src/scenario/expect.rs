@@ -19,7 +19,14 @@ impl Runner {
         r: &mut Record,
         sampler: &Sampler,
         load: Option<&mut Load>,
+        healthy: Option<(f64, String)>,
     ) -> Vec<Outcome> {
+        // The rate `rate_restored` compares with: an earlier fault's (the run's first
+        // measured), else this one's.
+        let baseline = |before: Option<f64>| match &healthy {
+            Some((b, _)) => Some(*b),
+            None => before,
+        };
         let deadline = Instant::now() + e.within;
         let want_restarts = e.restarts.or(e.restarts_at_least);
         let (mut now, mut status);
@@ -40,7 +47,7 @@ impl Runner {
                     && rep.resumed_unix_ms.is_none()
                 || e.rate_restored.is_some_and(|f| {
                     let (before, now) = rates_for_restore(rep, &sampler.snapshot());
-                    !matches!((before, now), (Some(b), Some(n)) if n >= f * b)
+                    !matches!((baseline(before), now), (Some(b), Some(n)) if n >= f * b)
                 })
                 || e.detected_within_ms.is_some() && rep.detected_unix_ms.is_none()
                 || e.ledger_balanced.is_some() && rep.ledger_balanced != Some(true);
@@ -221,16 +228,22 @@ impl Runner {
         }
         if let Some(f) = e.rate_restored {
             let (before, last) = rates_for_restore(rep, &sampler.snapshot());
+            let before = baseline(before);
             let secs = super::RATE_RESTORED_WINDOW.as_secs_f64();
+            let whose = match &healthy {
+                Some((_, label)) => format!("before the run's first fault ({label})"),
+                None => "before".into(),
+            };
             check(
                 format!("rate restored to {:.0}% of before", f * 100.0),
                 matches!((before, last), (Some(b), Some(n)) if n >= f * b),
                 match (before, last) {
                     (None, _) => "no rate measured before the fault".into(),
-                    (Some(b), None) => format!("{b:.1} Mbit/s before, nothing measured now"),
+                    (Some(b), None) => format!("{b:.1} Mbit/s {whose}, nothing measured now"),
                     (Some(b), Some(n)) => format!(
-                        "{b:.1} Mbit/s before, {n:.1} Mbit/s over the last {secs:.0} s ({:.0}%, {waited})",
-                        if b > 0.0 { n / b * 100.0 } else { 0.0 }
+                        "{b:.1} Mbit/s {whose}, {n:.1} Mbit/s over the last {secs:.0} s ({:.0}%, {:.0}% needed, {waited})",
+                        if b > 0.0 { n / b * 100.0 } else { 0.0 },
+                        f * 100.0
                     ),
                 },
             );

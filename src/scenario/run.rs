@@ -401,11 +401,24 @@ impl Runner {
                         self.storm(storm, &at, &mut report, records.last_mut());
                     }
                     Action::Expect(e) => {
+                        // `rate_restored` measures against the rate before the run's first
+                        // fault that had one: after a dead interface is revived, the window
+                        // before the revival holds no traffic to compare with.
+                        let healthy = records.split_last().and_then(|(_, earlier)| {
+                            earlier.iter().find_map(|r| {
+                                let name = if r.rep.label.is_empty() {
+                                    &r.rep.fault
+                                } else {
+                                    &r.rep.label
+                                };
+                                r.rep.throughput_mbps.before.map(|b| (b, name.clone()))
+                            })
+                        });
                         let Some(r) = records.last_mut() else {
                             continue; // refused when loading
                         };
                         self.say(&format!("{at}: expect (up to {} ms)", e.within.as_millis()));
-                        let outcomes = self.expect(e, r, &sampler, load.as_mut());
+                        let outcomes = self.expect(e, r, &sampler, load.as_mut(), healthy);
                         for o in &outcomes {
                             self.say(&format!(
                                 "{at}: {} {}: {}",

@@ -536,6 +536,67 @@ fn a_rate_back_to_most_of_before_passes_rate_restored() {
     assert!(o.ok, "{o:?}");
 }
 
+/// A run whose first fault (at 3.5 s) stops the fake interface's traffic (8 Mbit/s)
+/// until a second one, a revival at ~7.3 s, after which it moves `after` Mbit/s:
+/// `rate_restored` after the revival compares with the rate before the first fault,
+/// not the dead window before the revival.
+fn revived_rate_run(tag: &str, after_mbps: u64) -> super::report::Report {
+    let moving = move |ms: u64| {
+        let (dead, back) = (3_600, 7_400);
+        if ms <= dead {
+            ms * 1000
+        } else if ms <= back {
+            dead * 1000
+        } else {
+            dead * 1000 + (ms - back) * after_mbps * 125
+        }
+    };
+    run_fake(
+        &format!("revived-{tag}"),
+        |sock| fake_daemon_moving(sock, usize::MAX, moving),
+        r#"
+name = "revived"
+description = "the rate after a revival against the rate before the first fault"
+
+step = [
+    { do = "wait", ms = 3500 },
+    { do = "exec", fault = "dies", command = ["true"] },
+    { do = "wait", ms = 3800 },
+    { do = "exec", fault = "revive", command = ["true"] },
+    { do = "wait", ms = 300 },
+    { do = "expect", within_ms = 2500, rate_restored = 0.5 },
+]
+
+[traffic]
+command = ["sleep", "60"]
+"#,
+    )
+}
+
+#[test]
+fn a_revival_is_measured_against_the_rate_before_the_first_fault() {
+    let low = revived_rate_run("low", 1);
+    let o = low.faults[1]
+        .expectations
+        .iter()
+        .find(|o| o.what.starts_with("rate restored"))
+        .expect("the rate check");
+    // The window before the revival carried nothing: against it any rate would pass.
+    assert!(!o.ok, "{o:?}");
+    assert!(
+        o.detail.contains("before the run's first fault (dies)"),
+        "{}",
+        o.detail
+    );
+    let back = revived_rate_run("back", 7);
+    let o = back.faults[1]
+        .expectations
+        .iter()
+        .find(|o| o.what.starts_with("rate restored"))
+        .expect("the rate check");
+    assert!(o.ok, "{o:?}");
+}
+
 #[test]
 fn rate_restored_is_a_fraction_and_needs_traffic() {
     let base =
