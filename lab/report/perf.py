@@ -170,17 +170,18 @@ def backlog_dropped(out, tag, role):
 
 
 def vcpu_split(out, tag, role):
-    """How the guest's vCPU spent the step (its /proc/stat `cpu` line before and after):
-    dict of percentages busy, user (with nice), system, irq (hard and soft, rxe's receive
-    and the kernel's input among it) and idle (with iowait), or None."""
+    """How the guest's vCPU spent the step's iperf3 run (its /proc/stat `cpu` line as the
+    run began and ended): dict of percentages busy, user (with nice), system, irq (hard
+    and soft: rxe's receive and the kernel's input among it) and idle (with iowait), or
+    None."""
     def get(when):
-        t = read(os.path.join(out, "raw", f"{tag}.{when}.stat.{role}")) or ""
+        t = read(os.path.join(out, "raw", f"{tag}.run-{when}.stat.{role}")) or ""
         f = t.split()
         try:
             return [int(x) for x in f[1:9]] if len(f) >= 9 and f[0] == "cpu" else None
         except ValueError:
             return None
-    b, a = get("before"), get("after")
+    b, a = get("begin"), get("end")
     if not a or not b:
         return None
     d = [x - y for x, y in zip(a, b)]
@@ -397,6 +398,7 @@ def variant(out, r, pre, sweep_steps, tcp_secs_default=1, windowed=False):
             backpressure=d.get("tx_backpressure"),
             budget_exhausted=d.get("budget_exhausted"),
             ctxt_per_packet=per(ctxt_delta(out, tag, role) or 0),
+            vcpu_busy=(vcpu_split(out, tag, role) or {}).get("busy"),
         )
     return dict(tcp=tcp, udp=udp, daemon=cost, udp_loss=where_lost(out, f"r{r}.{pre}uipudp"),
                 latency=latency(out, f"r{r}.{pre}uiplat"), sweep=sweep(out, r, pre, sweep_steps),
@@ -620,6 +622,8 @@ def perf(args):
         for side, who in (("rx", "a (rx)"), ("tx", "b (tx)")):
             dv = lambda k: [(r["variants"][n]["daemon"].get(side) or {}).get(k) for r in rows]  # noqa: E731
             summary[f"daemon_{side}_cpu_percent{tag}"] = line(f"  {who} daemon CPU %", dv("cpu_percent"))
+            if any(v is not None for v in dv("vcpu_busy")):
+                line(f"  {who} guest vCPU busy %", dv("vcpu_busy"))
             line(f"  {who} system share of it", dv("sys_share"), ".2f")
             summary[f"daemon_{side}_us_per_packet{tag}"] = line(f"  {who} CPU us / packet", dv("us_per_packet"))
             line(f"  {who} polls / packet", dv("polls_per_packet"), ".3f")
@@ -647,7 +651,7 @@ def perf(args):
         p(f"  sender's; lossless: < 1 % loss and the receiver done within {SWEEP_SUSTAIN}x the sender's time;")
         p("  where datagrams were lost: b's TAP queue, the daemons' drops, between the daemons (of it rxe's")
         p("  rcvd_pkts - rdma_recvs on a), a's TAP, a's input backlog, a's UDP socket receive buffer;")
-        p("  then each guest's vCPU over the step, from /proc/stat: busy, and its user, system and")
+        p("  then each guest's vCPU while iperf3 ran, from /proc/stat: busy, and its user, system and")
         p("  interrupt (hard and soft: rxe's receive, the kernel's input) shares):")
         for row, key in [(row, key) for key in ("sweep", "sweepw") for row in rows]:
             sw = row["variants"][n].get(key)
