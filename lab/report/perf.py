@@ -428,6 +428,8 @@ def perf(args):
     except ValueError:
         sweep_steps = 5
     window = env_val("PERF_UDP_SWEEP_WINDOW", "")
+    # Runs from before the eth0 sweep have no PERF_ETH0_SWEEP line: none was run.
+    eth0_sweep = env_val("PERF_ETH0_SWEEP", "0") == "1"
 
     def iblat(name):
         # The client's output (b); the server prints the same table.
@@ -446,12 +448,15 @@ def perf(args):
         row = dict(rep=r, ib_send_bw=ib, ib_send_bw_sent=ib_sent, ib_send_bw_note=ib_note, eth0_tcp=eth, ib_send_lat=iblat("iblat"), ib_send_lat_e=iblat("iblat-e"),
                    eth0_latency=latency(out, f"r{r}.eth0lat"), variants={},
                    recovery=restart(out, f"r{r}.recovery"), restart_udp=restart(out, f"r{r}.restartudp"))
+        row["eth0_sweep"] = sweep(out, r, "", sweep_steps, name="eth0sweep") if eth0_sweep else None
         for pre in pres:
             row["variants"][names[pre]] = variant(out, r, pre, sweep_steps, windowed=bool(window))
         el = row["eth0_latency"]
         checks = [("ib_send_bw", ib), ("eth0 TCP", eth), ("ib_send_lat", row["ib_send_lat"]),
                   ("ib_send_lat -e", row["ib_send_lat_e"]), ("qperf tcp_lat eth0", el["tcp_lat_us"]),
                   ("qperf udp_lat eth0", el["udp_lat_us"]), ("ping eth0", el["ping_avg_us"])]
+        if eth0_sweep:
+            checks.append(("UDP lossless rate eth0 (a sweep step)", row["eth0_sweep"]["lossless_mbit"]))
         for pre in pres:
             v = row["variants"][names[pre]]
             vl = v["latency"]
@@ -500,6 +505,9 @@ def perf(args):
         if r["ib_send_bw_note"]:
             p("  " + r["ib_send_bw_note"])
     summary["eth0_tcp_mbit"] = line("iperf3 TCP eth0            Mbit/s", eths)
+    eth0_lossless = [(r["eth0_sweep"] or {}).get("lossless_mbit") for r in rows]
+    if eth0_sweep:
+        summary["eth0_udp_lossless_mbit"] = line("UDP lossless eth0          Mbit/s", eth0_lossless)
     vals = {}
     for pre in pres:
         n = names[pre]
@@ -532,6 +540,8 @@ def perf(args):
         if window:
             summary[f"ratio_uip_udp_lossless_w_vs_ib{tag}"] = line(f"  with -w {window}{tag} / ib_send_bw", [ratio(a, b) for a, b in zip(vals[n][3], ibs)], ".3f")
     summary["ratio_eth0_tcp_vs_ib"] = line("ratio TCP eth0 / ib_send_bw", [ratio(a, b) for a, b in zip(eths, ibs)], ".3f")
+    if eth0_sweep:
+        summary["ratio_eth0_udp_lossless_vs_ib"] = line("ratio UDP lossless eth0 / ib_send_bw", [ratio(a, b) for a, b in zip(eth0_lossless, ibs)], ".3f")
 
     # Latency, one way (ib_send_lat, qperf) or round trip (ping), in us.
     p("")
@@ -670,6 +680,25 @@ def perf(args):
                 wl = st["where_lost"]
                 if wl["a"].get("vcpu") or wl["b"].get("vcpu"):
                     p(f"      vCPU a {vcpu_text(wl['a'].get('vcpu'))}; b {vcpu_text(wl['b'].get('vcpu'))}")
+
+    if eth0_sweep:
+        p("")
+        p("UDP rate sweep over eth0, the kernel's own path (the same datagrams and bounds, the default")
+        p("  buffer; lost in a's input backlog and a's UDP socket receive buffer; each guest's vCPU):")
+        for row in rows:
+            sw = row["eth0_sweep"]
+            p(f"  rep {row['rep']}: ib_send_bw {fmt(row['ib_send_bw'])}, lossless {fmt(sw['lossless_mbit'])} Mbit/s")
+            for st in sw["steps"]:
+                if st.get("missing"):
+                    p(f"    step {st['step']}: -b {fmt(st['target_mbit'])}: no result")
+                    continue
+                wa = st["where_lost"]["a"]
+                p(f"    step {st['step']}: -b {fmt(st['target_mbit']):>6} sent {fmt(st['offered_mbit']):>6} "
+                  f"recvd {fmt(st['received_mbit']):>6} loss {fmt(st['lost_percent'], '.2f'):>6}% "
+                  f"over {fmt(st['receiver_stretch'], '.2f')}x the time "
+                  f"{'pass' if st['passed'] else 'FAIL'}; lost {st['lost_packets']}: "
+                  f"a backlog {fmt(wa['backlog_dropped'], '.0f')}, a UDP socket {fmt((wa['udp'] or {}).get('RcvbufErrors'), '.0f')}; "
+                  f"vCPU a {vcpu_text(wa.get('vcpu'))}; b {vcpu_text(st['where_lost']['b'].get('vcpu'))}")
 
     for role in ("a", "b"):
         st = read(os.path.join(raw, f"prof.strace.{role}.txt"))
