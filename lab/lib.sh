@@ -30,6 +30,9 @@
 #   LAB_MAXCPUS       QEMU's maxcpus per guest (default: unset, QEMU's own: LAB_SMP); 2
 #                     with one vCPU makes TCG keep the guest's memory barriers, which QEMU
 #                     7.2 elides when maxcpus is 1 (docs/RXE-LAB.md, "The link stall")
+#   LAB_KERNEL_ARGS   more guest kernel parameters, space-separated name or name=value
+#                     (default none; e.g. init_on_alloc=0: docs/RXE-LAB.md, "Zeroing on
+#                     allocation")
 #   LAB_LINK          the two guests' link: socket (default: QEMU's socket netdev over
 #                     loopback, which pushes back instead of dropping, as a lossless RoCE
 #                     fabric does) or bridge (a Linux bridge and their two TAPs in a network
@@ -482,6 +485,14 @@ lab__check_loglevel() {
 		lab_log "warning: LAB_LOGLEVEL=$LAB_LOGLEVEL hides the guest kernel's NETDEV WATCHDOG line (level 2) from the console: a stalled link will not be seen (needs 3 or more)"
 	[[ -z ${LAB_MAXCPUS:-} || ( $LAB_MAXCPUS =~ ^[1-9][0-9]?$ && $LAB_MAXCPUS -ge ${LAB_SMP:-1} ) ]] ||
 		lab_die "LAB_MAXCPUS must be a number of vCPUs no smaller than LAB_SMP (${LAB_SMP:-1}), not '$LAB_MAXCPUS'"
+	local a args
+	read -ra args <<<"${LAB_KERNEL_ARGS:-}"
+	for a in "${args[@]}"; do
+		[[ $a =~ ^[A-Za-z][A-Za-z0-9_.-]*(=[A-Za-z0-9_.,:-]+)?$ ]] ||
+			lab_die "LAB_KERNEL_ARGS takes kernel parameters (name or name=value, space-separated), not '$a'"
+		[[ ${a%%=*} != lab.* && ${a%%=*} != console && ${a%%=*} != loglevel ]] ||
+			lab_die "LAB_KERNEL_ARGS: '${a%%=*}' is set by the lab itself (LAB_LOGLEVEL sets the loglevel)"
+	done
 }
 
 # ROLE NETDEV(tap,ifname=... | socket,listen=... | socket,connect=... | vde,sock=...) OUTDIR SCRIPT MAC [APPEND]
@@ -495,6 +506,7 @@ lab__qemu_guest() {
 	local append="console=ttyS0 panic=-1 oops=panic loglevel=${LAB_LOGLEVEL:-4}"
 	append+=" lab.role=$role lab.out=$out lab.script=$script lab.stage2=$LAB_GUEST_DIR/stage2"
 	[[ -z ${6:-} ]] || append+=" $6"
+	[[ -z ${LAB_KERNEL_ARGS:-} ]] || append+=" $LAB_KERNEL_ARGS"
 	exec "${LAB__QEMU_PREFIX[@]}" qemu-system-x86_64 \
 		-name "uipoib-lab-$role" \
 		-accel tcg,thread=multi -cpu max -smp "${LAB_SMP:-1}${LAB_MAXCPUS:+,maxcpus=$LAB_MAXCPUS}" -m "${LAB_MEM:-1024}" \
