@@ -486,12 +486,16 @@ lab__check_loglevel() {
 	[[ -z ${LAB_MAXCPUS:-} || ( $LAB_MAXCPUS =~ ^[1-9][0-9]?$ && $LAB_MAXCPUS -ge ${LAB_SMP:-1} ) ]] ||
 		lab_die "LAB_MAXCPUS must be a number of vCPUs no smaller than LAB_SMP (${LAB_SMP:-1}), not '$LAB_MAXCPUS'"
 	local a args
+	[[ ${LAB_KERNEL_ARGS:-} != *$'\n'* ]] || lab_die "LAB_KERNEL_ARGS must be one line"
 	read -ra args <<<"${LAB_KERNEL_ARGS:-}"
 	for a in "${args[@]}"; do
 		[[ $a =~ ^[A-Za-z][A-Za-z0-9_.-]*(=[A-Za-z0-9_.,:-]+)?$ ]] ||
 			lab_die "LAB_KERNEL_ARGS takes kernel parameters (name or name=value, space-separated), not '$a'"
-		[[ ${a%%=*} != lab.* && ${a%%=*} != console && ${a%%=*} != loglevel ]] ||
+		case ${a%%=*} in
+		lab.* | console | loglevel | panic | oops)
 			lab_die "LAB_KERNEL_ARGS: '${a%%=*}' is set by the lab itself (LAB_LOGLEVEL sets the loglevel)"
+			;;
+		esac
 	done
 }
 

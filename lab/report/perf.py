@@ -171,9 +171,9 @@ def backlog_dropped(out, tag, role):
 
 def vcpu_split(out, tag, role):
     """How the guest's vCPU spent the step's iperf3 run (its /proc/stat `cpu` line as the
-    run began and ended): dict of percentages busy, user (with nice), system, irq (hard
-    and soft: rxe's receive and the kernel's input among it) and idle (with iowait), or
-    None."""
+    run began and ended; the `cpu` line sums every vCPU, so with LAB_SMP > 1 this is their
+    average): dict of percentages busy, user (with nice), system, irq (hard and soft:
+    rxe's receive and the kernel's input among it) and idle (with iowait), or None."""
     def get(when):
         t = read(os.path.join(out, "raw", f"{tag}.run-{when}.stat.{role}")) or ""
         f = t.split()

@@ -22,10 +22,11 @@ impl Runner {
         healthy: Option<(f64, String)>,
     ) -> Vec<Outcome> {
         // The rate `rate_restored` compares with: an earlier fault's (the run's first
-        // measured), else this one's.
+        // measured), else this one's; a window without traffic is no baseline (any rate
+        // would pass against it).
         let baseline = |before: Option<f64>| match &healthy {
             Some((b, _)) => Some(*b),
-            None => before,
+            None => before.filter(|b| *b > 0.0),
         };
         let deadline = Instant::now() + e.within;
         let want_restarts = e.restarts.or(e.restarts_at_least);
@@ -238,7 +239,9 @@ impl Runner {
                 format!("rate restored to {:.0}% of before", f * 100.0),
                 matches!((before, last), (Some(b), Some(n)) if n >= f * b),
                 match (before, last) {
-                    (None, _) => "no rate measured before the fault".into(),
+                    (None, _) => {
+                        "no rate measured before the fault (no traffic in its window)".into()
+                    }
                     (Some(b), None) => format!("{b:.1} Mbit/s {whose}, nothing measured now"),
                     (Some(b), Some(n)) => format!(
                         "{b:.1} Mbit/s {whose}, {n:.1} Mbit/s over the last {secs:.0} s ({:.0}%, {:.0}% needed, {waited})",

@@ -392,8 +392,8 @@ pub struct Expect {
     /// The background load still runs and moved data after the fault.
     pub traffic_running: Option<bool>,
     /// The interface's rate over the last [`RATE_RESTORED_WINDOW`] is at least this
-    /// fraction of its rate in the window before the run's first fault that had one
-    /// (this fault's, when it is the first; waited for up to `within`): what a user sees,
+    /// fraction of its rate in the window before the run's first fault that had one above
+    /// zero (this fault's, when it is the first; waited for up to `within`): what a user sees,
     /// not only that some data moved. A later fault's own window may hold no traffic (a
     /// revival after the interface was dead), which would make any rate pass.
     pub rate_restored: Option<f64>,

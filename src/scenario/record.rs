@@ -51,7 +51,8 @@ pub(super) fn rate(samples: &[Sample], from: u64, to: u64) -> Option<f64> {
     Some((b.bytes.saturating_sub(a.bytes)) as f64 * 8.0 / (dt as f64 / 1e3) / 1e6)
 }
 
-/// For `rate_restored`: the rate in the window before the fault, and over the last
+/// For `rate_restored`: the rate in the window before this fault (the check prefers the
+/// run's first fault's, see `Runner::expect`), and over the last
 /// [`super::RATE_RESTORED_WINDOW`] of samples, none of them from before the traffic
 /// resumed (or, without a resumption, from before the injection).
 pub(super) fn rates_for_restore(

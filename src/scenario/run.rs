@@ -402,8 +402,8 @@ impl Runner {
                     }
                     Action::Expect(e) => {
                         // `rate_restored` measures against the rate before the run's first
-                        // fault that had one: after a dead interface is revived, the window
-                        // before the revival holds no traffic to compare with.
+                        // fault that had one (above zero): after a dead interface is revived,
+                        // the window before the revival holds no traffic to compare with.
                         let healthy = records.split_last().and_then(|(_, earlier)| {
                             earlier.iter().find_map(|r| {
                                 let name = if r.rep.label.is_empty() {
@@ -411,7 +411,11 @@ impl Runner {
                                 } else {
                                     &r.rep.label
                                 };
-                                r.rep.throughput_mbps.before.map(|b| (b, name.clone()))
+                                r.rep
+                                    .throughput_mbps
+                                    .before
+                                    .filter(|b| *b > 0.0)
+                                    .map(|b| (b, name.clone()))
                             })
                         });
                         let Some(r) = records.last_mut() else {

@@ -597,6 +597,44 @@ fn a_revival_is_measured_against_the_rate_before_the_first_fault() {
     assert!(o.ok, "{o:?}");
 }
 
+/// A fault whose window before it carried nothing gives `rate_restored` no baseline:
+/// the check fails (against zero any rate would pass).
+#[test]
+fn no_traffic_before_the_fault_is_no_baseline_for_rate_restored() {
+    // 8 Mbit/s for the first second (the load's warm-up), nothing from 1 s to 5 s (the
+    // fault's window before it), 8 Mbit/s again after.
+    let moving = |ms: u64| match ms {
+        0..=1_000 => ms * 1000,
+        1_001..=5_000 => 1_000_000,
+        _ => 1_000_000 + (ms - 5_000) * 1000,
+    };
+    let r = run_fake(
+        "rate-idle",
+        |sock| fake_daemon_moving(sock, usize::MAX, moving),
+        r#"
+name = "idle-before"
+description = "a fault opened while the load had not moved yet"
+
+step = [
+    { do = "wait", ms = 4500 },
+    { do = "exec", fault = "probe", command = ["true"] },
+    { do = "wait", ms = 300 },
+    { do = "expect", within_ms = 2500, rate_restored = 0.5 },
+]
+
+[traffic]
+command = ["sleep", "60"]
+"#,
+    );
+    let o = r.faults[0]
+        .expectations
+        .iter()
+        .find(|o| o.what.starts_with("rate restored"))
+        .expect("the rate check");
+    assert!(!o.ok, "{o:?}");
+    assert!(o.detail.contains("no rate measured"), "{}", o.detail);
+}
+
 #[test]
 fn rate_restored_is_a_fraction_and_needs_traffic() {
     let base =
