@@ -480,6 +480,33 @@ fn good_reads_add_no_check() {
     );
 }
 
+/// A scenario of `steps` (TOML array items) under a placeholder load, against a fake
+/// daemon whose byte counter is `moving(ms since it started)`: the runs of the
+/// `rate_restored` tests below.
+fn rate_scenario(
+    tag: &str,
+    moving: impl Fn(u64) -> u64 + Send + 'static,
+    steps: &str,
+) -> super::report::Report {
+    run_fake(
+        &format!("rate-{tag}"),
+        |sock| fake_daemon_moving(sock, usize::MAX, moving),
+        &format!(
+            "name = \"rate-{tag}\"\ndescription = \"rate_restored against a fake rate\"\n\n\
+             step = [\n{steps}]\n\n[traffic]\ncommand = [\"sleep\", \"60\"]\n"
+        ),
+    )
+}
+
+/// The `rate_restored` outcome of fault record `i`.
+fn rate_check(r: &super::report::Report, i: usize) -> &super::report::Outcome {
+    r.faults[i]
+        .expectations
+        .iter()
+        .find(|o| o.what.starts_with("rate restored"))
+        .expect("the rate check")
+}
+
 /// A run whose fault (opened at 3.5 s) cuts the fake interface's rate from 8 Mbit/s to
 /// `after` Mbit/s, checked by `rate_restored = 0.5`.
 fn rate_run(tag: &str, after_mbps: u64) -> super::report::Report {
@@ -492,22 +519,13 @@ fn rate_run(tag: &str, after_mbps: u64) -> super::report::Report {
             cut * 1000 + (ms - cut) * after_mbps * 125
         }
     };
-    run_fake(
-        &format!("rate-{tag}"),
-        |sock| fake_daemon_moving(sock, usize::MAX, moving),
-        r#"
-name = "rate"
-description = "the rate after a fault against the rate before it"
-
-step = [
-    { do = "wait", ms = 3500 },
+    rate_scenario(
+        tag,
+        moving,
+        r#"    { do = "wait", ms = 3500 },
     { do = "exec", fault = "probe", command = ["true"] },
     { do = "wait", ms = 300 },
     { do = "expect", within_ms = 2500, rate_restored = 0.5 },
-]
-
-[traffic]
-command = ["sleep", "60"]
 "#,
     )
 }
@@ -515,11 +533,7 @@ command = ["sleep", "60"]
 #[test]
 fn a_rate_that_stays_low_after_the_fault_fails_rate_restored() {
     let r = rate_run("low", 1);
-    let o = r.faults[0]
-        .expectations
-        .iter()
-        .find(|o| o.what.starts_with("rate restored"))
-        .expect("the rate check");
+    let o = rate_check(&r, 0);
     assert!(!o.ok, "{o:?}");
     assert!(o.detail.contains("Mbit/s before"), "{}", o.detail);
     assert!(!r.passed);
@@ -528,12 +542,7 @@ fn a_rate_that_stays_low_after_the_fault_fails_rate_restored() {
 #[test]
 fn a_rate_back_to_most_of_before_passes_rate_restored() {
     let r = rate_run("back", 7);
-    let o = r.faults[0]
-        .expectations
-        .iter()
-        .find(|o| o.what.starts_with("rate restored"))
-        .expect("the rate check");
-    assert!(o.ok, "{o:?}");
+    assert!(rate_check(&r, 0).ok, "{:?}", rate_check(&r, 0));
 }
 
 /// A run whose first fault (at 3.5 s) stops the fake interface's traffic (8 Mbit/s)
@@ -551,24 +560,15 @@ fn revived_rate_run(tag: &str, after_mbps: u64) -> super::report::Report {
             dead * 1000 + (ms - back) * after_mbps * 125
         }
     };
-    run_fake(
+    rate_scenario(
         &format!("revived-{tag}"),
-        |sock| fake_daemon_moving(sock, usize::MAX, moving),
-        r#"
-name = "revived"
-description = "the rate after a revival against the rate before the first fault"
-
-step = [
-    { do = "wait", ms = 3500 },
+        moving,
+        r#"    { do = "wait", ms = 3500 },
     { do = "exec", fault = "dies", command = ["true"] },
     { do = "wait", ms = 3800 },
     { do = "exec", fault = "revive", command = ["true"] },
     { do = "wait", ms = 300 },
     { do = "expect", within_ms = 2500, rate_restored = 0.5 },
-]
-
-[traffic]
-command = ["sleep", "60"]
 "#,
     )
 }
@@ -576,11 +576,7 @@ command = ["sleep", "60"]
 #[test]
 fn a_revival_is_measured_against_the_rate_before_the_first_fault() {
     let low = revived_rate_run("low", 1);
-    let o = low.faults[1]
-        .expectations
-        .iter()
-        .find(|o| o.what.starts_with("rate restored"))
-        .expect("the rate check");
+    let o = rate_check(&low, 1);
     // The window before the revival carried nothing: against it any rate would pass.
     assert!(!o.ok, "{o:?}");
     assert!(
@@ -589,12 +585,7 @@ fn a_revival_is_measured_against_the_rate_before_the_first_fault() {
         o.detail
     );
     let back = revived_rate_run("back", 7);
-    let o = back.faults[1]
-        .expectations
-        .iter()
-        .find(|o| o.what.starts_with("rate restored"))
-        .expect("the rate check");
-    assert!(o.ok, "{o:?}");
+    assert!(rate_check(&back, 1).ok, "{:?}", rate_check(&back, 1));
 }
 
 /// A fault whose window before it carried nothing gives `rate_restored` no baseline:
@@ -608,29 +599,16 @@ fn no_traffic_before_the_fault_is_no_baseline_for_rate_restored() {
         1_001..=5_000 => 1_000_000,
         _ => 1_000_000 + (ms - 5_000) * 1000,
     };
-    let r = run_fake(
-        "rate-idle",
-        |sock| fake_daemon_moving(sock, usize::MAX, moving),
-        r#"
-name = "idle-before"
-description = "a fault opened while the load had not moved yet"
-
-step = [
-    { do = "wait", ms = 4500 },
+    let r = rate_scenario(
+        "idle",
+        moving,
+        r#"    { do = "wait", ms = 4500 },
     { do = "exec", fault = "probe", command = ["true"] },
     { do = "wait", ms = 300 },
     { do = "expect", within_ms = 2500, rate_restored = 0.5 },
-]
-
-[traffic]
-command = ["sleep", "60"]
 "#,
     );
-    let o = r.faults[0]
-        .expectations
-        .iter()
-        .find(|o| o.what.starts_with("rate restored"))
-        .expect("the rate check");
+    let o = rate_check(&r, 0);
     assert!(!o.ok, "{o:?}");
     assert!(o.detail.contains("no rate measured"), "{}", o.detail);
 }
