@@ -194,6 +194,15 @@ def vcpu_split(out, tag, role):
                 irq=pc(irq + softirq), idle=pc(idle + iowait), steal=pc(steal))
 
 
+def step_text(st):
+    """A sweep step's head: the rate asked, sent and received, the loss, the receiver's
+    time over the sender's, the verdict and the datagrams lost."""
+    return (f"step {st['step']}: -b {fmt(st['target_mbit']):>6} sent {fmt(st['offered_mbit']):>6} "
+            f"recvd {fmt(st['received_mbit']):>6} loss {fmt(st['lost_percent'], '.2f'):>6}% "
+            f"over {fmt(st['receiver_stretch'], '.2f')}x the time "
+            f"{'pass' if st['passed'] else 'FAIL'}; lost {st['lost_packets']}")
+
+
 def vcpu_text(v):
     """'busy 97% (user 20, system 40, irq 37)' or '-'."""
     if not v:
@@ -673,10 +682,7 @@ def perf(args):
                 if st.get("missing"):
                     p(f"    step {st['step']}: -b {fmt(st['target_mbit'])}: no result")
                     continue
-                p(f"    step {st['step']}: -b {fmt(st['target_mbit']):>6} sent {fmt(st['offered_mbit']):>6} "
-                  f"recvd {fmt(st['received_mbit']):>6} loss {fmt(st['lost_percent'], '.2f'):>6}% "
-                  f"over {fmt(st['receiver_stretch'], '.2f')}x the time "
-                  f"{'pass' if st['passed'] else 'FAIL'}; lost {st['lost_packets']}: {where_text(st['where_lost'])}")
+                p(f"    {step_text(st)}: {where_text(st['where_lost'])}")
                 wl = st["where_lost"]
                 if wl["a"].get("vcpu") or wl["b"].get("vcpu"):
                     p(f"      vCPU a {vcpu_text(wl['a'].get('vcpu'))}; b {vcpu_text(wl['b'].get('vcpu'))}")
@@ -693,10 +699,7 @@ def perf(args):
                     p(f"    step {st['step']}: -b {fmt(st['target_mbit'])}: no result")
                     continue
                 wa = st["where_lost"]["a"]
-                p(f"    step {st['step']}: -b {fmt(st['target_mbit']):>6} sent {fmt(st['offered_mbit']):>6} "
-                  f"recvd {fmt(st['received_mbit']):>6} loss {fmt(st['lost_percent'], '.2f'):>6}% "
-                  f"over {fmt(st['receiver_stretch'], '.2f')}x the time "
-                  f"{'pass' if st['passed'] else 'FAIL'}; lost {st['lost_packets']}: "
+                p(f"    {step_text(st)}: "
                   f"a backlog {fmt(wa['backlog_dropped'], '.0f')}, a UDP socket {fmt((wa['udp'] or {}).get('RcvbufErrors'), '.0f')}; "
                   f"vCPU a {vcpu_text(wa.get('vcpu'))}; b {vcpu_text(st['where_lost']['b'].get('vcpu'))}")
 
