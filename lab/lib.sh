@@ -399,8 +399,9 @@ lab__bridge() {
 }
 
 # lab__stalled OUTDIR ROLE...: "ROLE: LINE" for the first guest whose console shows the
-# kernel's NETDEV WATCHDOG (its eth0 transmit queue made no progress for 5 s); false if
-# none has. Seen on this lab's hosts under 300+ Mbit/s on both links: the guest's
+# kernel's NETDEV WATCHDOG (its eth0 transmit queue made no progress for 5 s) or the
+# lab's own TRANSMIT STALL (lab/guest/txwatch: nothing transmitted for 5 s while rxe
+# handed eth0 packets, too few to fill the ring and stop the queue); false if none has. Seen on this lab's hosts under 300+ Mbit/s on both links: the guest's
 # virtio-net transmit ring stops being served by QEMU for good, and every later step
 # fails (docs/RXE-LAB.md, "The link stall"). It is the emulation's fault, not the
 # datapath's: uipoib never touches eth0's queue.
@@ -409,7 +410,7 @@ lab__stalled() {
 	shift
 	for r in "$@"; do
 		# The serial console ends its lines with CR LF.
-		l=$(grep -a -m1 "NETDEV WATCHDOG" "$out/$r.console" 2>/dev/null | tr -d '\r') || true
+		l=$(grep -a -m1 -e "NETDEV WATCHDOG" -e "TRANSMIT STALL" "$out/$r.console" 2>/dev/null | tr -d '\r') || true
 		[[ -n $l ]] || continue
 		echo "$r: $l"
 		return 0
@@ -684,8 +685,11 @@ lab__boot_pair() {
 # lab_stall_check OUTDIR: the stall handling of lab_vm_run checked with a stall line
 # faked by guest b in its first boot (lab/guest/stall-check): with one repeat allowed the
 # run passes, the first boot's files set aside and recorded; with none it fails, b's
-# exit code 126. OUTDIR/1 and OUTDIR/0 hold the two runs. Prints PASSED or FAILED with
-# each reason; non-zero if FAILED.
+# exit code 126. In the repeated boot the guests check lab/guest/txwatch with the real
+# counters: a watch told that no qdisc holds anything reports the ring a tbf holds as not
+# served, and stage2's own watch, which sees the tbf's backlog, stays silent. OUTDIR/1
+# and OUTDIR/0 hold the two runs. Prints PASSED or FAILED with each reason; non-zero if
+# FAILED.
 lab_stall_check() {
 	local out=$1 rc why=() g=$LAB_GUEST_DIR/stall-check
 	rm -rf "${out:?}/1" "${out:?}/0"
@@ -702,6 +706,10 @@ lab_stall_check() {
 		why+=("with one repeat: the guests' files are not where they belong (stalled-boot-1/ for the first boot, OUTDIR for the second)")
 	! grep -q "NETDEV WATCHDOG" "$out/1/b.console" 2>/dev/null ||
 		why+=("with one repeat: the second boot's console holds the first boot's line")
+	grep -q "TRANSMIT STALL" "$out/1/txwatch-forced.txt" 2>/dev/null ||
+		why+=("the transmit watch told no qdisc holds anything did not report the ring the tbf held (txwatch-forced.txt)")
+	! grep -a -q "TRANSMIT STALL" "$out/1/a.console" "$out/1/b.console" 2>/dev/null ||
+		why+=("the guests' own transmit watch reported a stall while the tbf held the packets (console)")
 	rc=0
 	LAB_STALL_RETRIES=0 lab_vm_run "$out/0" "$g" "$g" || rc=$?
 	((rc != 0)) || why+=("with no repeat allowed the run exited 0")
@@ -712,7 +720,7 @@ lab_stall_check() {
 		printf 'stall-check: FAILED: %s\n' "${why[@]}"
 		return 1
 	fi
-	echo "stall-check: PASSED: a faked stall stopped its boot, which was set aside and repeated (one repeat allowed) or failed the run (none allowed)"
+	echo "stall-check: PASSED: a faked stall stopped its boot, which was set aside and repeated (one repeat allowed) or failed the run (none allowed); the transmit watch reported packets held in eth0 only when told no qdisc held them"
 }
 
 # lab_vm_hosts OUTDIR N SCRIPT: N guests (2..4), roles h1..hN, their NICs on one segment
