@@ -39,7 +39,8 @@
 #                     namespace of the run's own, as lab_vm_hosts's: it drops when a guest
 #                     falls behind; docs/RXE-LAB.md)
 #   LAB_STALL_RETRIES how many times lab_vm_run boots the two guests again after a boot
-#                     whose link stalled (a guest's NETDEV WATCHDOG; default 2); each
+#                     whose link stalled (a guest's NETDEV WATCHDOG, or the TRANSMIT
+#                     STALL of its lab/guest/txwatch; default 2); each
 #                     boot has the whole LAB_TIMEOUT
 #   LAB_LINK_QUICKACK the socket link only: 0 (default: the host's namespace, where the
 #                     link holds a small frame for the peer's delayed ACK) or 1 (their
