@@ -209,15 +209,19 @@ impl Pair {
 fn iperf(ns_server: &str, ns_client: &str, server: impl Into<std::net::IpAddr>, udp: bool) -> f64 {
     let server: std::net::IpAddr = server.into();
     let port = if udp { "5212" } else { "5211" };
-    let mut srv = Command::new("ip")
-        .args([
-            "netns", "exec", ns_server, "iperf3", "-s", "-1", "-p", port, "-B",
-        ])
-        .arg(server.to_string())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    // Killed when dropped, after a failed assertion too: a server left running keeps its
+    // port and every descriptor it inherited (a lock its caller holds, say).
+    let srv = Daemon(
+        Command::new("ip")
+            .args([
+                "netns", "exec", ns_server, "iperf3", "-s", "-1", "-p", port, "-B",
+            ])
+            .arg(server.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     std::thread::sleep(Duration::from_millis(500));
     let server_s = server.to_string();
     let mut args = vec!["iperf3", "-c", &server_s, "-p", port, "-t", "3", "-J"];
@@ -225,8 +229,7 @@ fn iperf(ns_server: &str, ns_client: &str, server: impl Into<std::net::IpAddr>, 
         args.extend(["-u", "-b", "200M", "-l", "1400"]);
     }
     let out = ns_exec(ns_client, &args);
-    let _ = srv.kill();
-    let _ = srv.wait();
+    drop(srv);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "iperf3 failed: {text}");
     let v: serde_json::Value = serde_json::from_str(&text).expect("iperf3 JSON");
@@ -316,15 +319,19 @@ fn restarts_under_iperf3_keep_the_tcp_session() {
         &["ping", "-c", "2", "-i", "0.2", "-W", "2", &B.to_string()],
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
-    let mut srv = Command::new("ip")
-        .args([
-            "netns", "exec", &p.nb.0, "iperf3", "-s", "-1", "-p", "5213", "-B",
-        ])
-        .arg(B.to_string())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    // Killed when dropped, after a failed assertion too: a server left running keeps its
+    // port and every descriptor it inherited (a lock its caller holds, say).
+    let srv = Daemon(
+        Command::new("ip")
+            .args([
+                "netns", "exec", &p.nb.0, "iperf3", "-s", "-1", "-p", "5213", "-B",
+            ])
+            .arg(B.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     std::thread::sleep(Duration::from_millis(500));
     let client = Command::new("ip")
         .args([
@@ -352,8 +359,7 @@ fn restarts_under_iperf3_keep_the_tcp_session() {
         &p.ctl_a,
     );
     let out = client.wait_with_output().unwrap();
-    let _ = srv.kill();
-    let _ = srv.wait();
+    drop(srv);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "iperf3 session broke: {text}");
     let v: serde_json::Value = serde_json::from_str(&text).expect("iperf3 JSON");
@@ -439,13 +445,17 @@ fn shipped_scenarios_run_against_a_live_daemon_and_fail_when_they_should() {
     }
     let p = Pair::start(3, &["--allow-faults"]);
     let port = "5214";
-    let mut srv = Command::new("ip")
-        .args(["netns", "exec", &p.na.0, "iperf3", "-s", "-p", port, "-B"])
-        .arg(A.to_string())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    // Killed when dropped, after a failed assertion too: a server left running keeps its
+    // port and every descriptor it inherited (a lock its caller holds, say).
+    let srv = Daemon(
+        Command::new("ip")
+            .args(["netns", "exec", &p.na.0, "iperf3", "-s", "-p", port, "-B"])
+            .arg(A.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     std::thread::sleep(Duration::from_millis(500));
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/faults");
     let json = p.dir.join("report.json");
@@ -511,8 +521,7 @@ fn shipped_scenarios_run_against_a_live_daemon_and_fail_when_they_should() {
         p.cli(&["status", "--json"], &p.ctl_b)["restarts"],
         restarts_before
     );
-    let _ = srv.kill();
-    let _ = srv.wait();
+    drop(srv);
     p.stop();
 }
 

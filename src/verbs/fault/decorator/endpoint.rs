@@ -246,23 +246,77 @@ impl FaultyEndpoint {
 }
 
 /// Flip `bytes` distinct bytes within the first `len` of `buf` (XOR with a nonzero value), at
-/// positions drawn from `noise`.
-fn flip(buf: &mut [u8], len: usize, bytes: u32, noise: u64) {
+/// positions and with values drawn from `noise`, so that the damage shows in every 16-bit
+/// ones'-complement checksum over a range that holds any of them (IPv4's header, TCP, UDP,
+/// ICMP): the corruption a link's CRC let through and the protocols' own checks catch.
+/// Drawn freely, flips that cancel in that sum are common, not one in 65,536: four bytes
+/// in one byte lane cancel when their changes add up to 0, and in the simulated fabric's
+/// runs about eight damaged TCP segments a run still checked out (most in the payload,
+/// a few in the header, and one that did could stop the flow), which tests the peer's TCP,
+/// not the datapath. So the values are drawn again (up to [`FLIP_DRAWS`] times, then one
+/// byte is flipped alone, which every such checksum sees) until every run of consecutive
+/// flips changes the sum ([`shows_in_checksums`]).
+pub(super) fn flip(buf: &mut [u8], len: usize, bytes: u32, noise: u64) {
     let len = len.min(buf.len());
     if len == 0 {
         return;
     }
     let mut r = SplitMix64::new(noise);
     let want = (bytes as usize).min(len);
-    let mut hit: Vec<usize> = Vec::with_capacity(want);
+    let mut hit: Vec<(usize, u8)> = Vec::with_capacity(want);
     while hit.len() < want {
         let at = r.below(len as u64) as usize;
-        if hit.contains(&at) {
+        if hit.iter().any(|&(p, _)| p == at) {
             continue;
         }
-        hit.push(at);
-        buf[at] ^= (r.below(255) + 1) as u8;
+        hit.push((at, 0));
     }
+    hit.sort_unstable_by_key(|&(p, _)| p);
+    let mut shown = false;
+    for _ in 0..FLIP_DRAWS {
+        for h in hit.iter_mut() {
+            h.1 = (r.below(255) + 1) as u8;
+        }
+        if shows_in_checksums(buf, &hit) {
+            shown = true;
+            break;
+        }
+    }
+    if !shown {
+        // One byte alone: the last drawn position's (not the lowest, which leans towards
+        // the GRH that no checksum covers).
+        let keep = hit.len() - 1;
+        hit.swap(0, keep);
+        hit.truncate(1);
+    }
+    for &(at, x) in &hit {
+        buf[at] ^= x;
+    }
+}
+
+/// How many times [`flip`] draws the values before it flips one byte alone.
+const FLIP_DRAWS: usize = 64;
+
+/// Whether XOR-ing each `(position, value)` of `hit` (sorted by position) into `buf`
+/// changes the 16-bit ones'-complement sum of every contiguous range that holds any of
+/// them: such a range holds a run of consecutive ones. A byte's change counts 256 times
+/// over at an even position (a word's high byte) and once at an odd one; a range that
+/// starts at an odd offset swaps the lanes, which multiplies the whole change by 256,
+/// invertible modulo 0xffff, so that it is zero for one alignment exactly when it is for
+/// the other. A change shows unless it is a multiple of 0xffff; one byte's alone never is.
+pub(super) fn shows_in_checksums(buf: &[u8], hit: &[(usize, u8)]) -> bool {
+    let weight = |&(at, x): &(usize, u8)| -> i64 {
+        let old = i64::from(buf[at]);
+        let new = i64::from(buf[at] ^ x);
+        (new - old) * if at % 2 == 0 { 256 } else { 1 }
+    };
+    (0..hit.len()).all(|i| {
+        let mut sum = 0i64;
+        hit[i..].iter().all(|h| {
+            sum += weight(h);
+            sum.rem_euclid(0xffff) != 0
+        })
+    })
 }
 
 impl Drop for FaultyEndpoint {

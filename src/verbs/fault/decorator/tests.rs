@@ -310,6 +310,67 @@ fn corrupt_rx_flips_bytes_in_a_copy_until_the_next_poll() {
     assert_eq!(r.a.recv_buf(1)[..len], clean[..]);
 }
 
+/// The 16-bit ones'-complement sum of `b` (an odd last byte padded with zero), folded,
+/// modulo 0xffff: the value an Internet checksum over `b` compares.
+fn ones_complement_sum(b: &[u8]) -> u64 {
+    let mut s: u64 = b
+        .chunks(2)
+        .map(|w| u64::from(w[0]) << 8 | u64::from(*w.get(1).unwrap_or(&0)))
+        .sum();
+    while s > 0xffff {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    s % 0xffff
+}
+
+#[test]
+fn corrupt_rx_damage_shows_in_every_checksum_over_it() {
+    // A receive buffer as a TCP segment over IPv4 arrives: GRH, IPoIB header, IPv4, TCP
+    // with timestamps, 4000 bytes of payload; its bytes from a fixed generator.
+    let len = GRH_LEN + 4 + 20 + 32 + 4000;
+    let mut g = crate::verbs::fault::SplitMix64::new(42);
+    let clean: Vec<u8> = (0..len).map(|_| g.next_u64() as u8).collect();
+    let (ip, tcp_sum_start) = (GRH_LEN + 4, GRH_LEN + 4 + 12);
+    let (mut seen_in_tcp, mut four) = (0, 0);
+    for noise in 0..6_000u64 {
+        let mut dirty = clean.clone();
+        super::endpoint::flip(&mut dirty, len, 4, noise);
+        let changed: Vec<usize> = (0..len).filter(|&i| dirty[i] != clean[i]).collect();
+        assert!(!changed.is_empty(), "noise {noise}: nothing flipped");
+        four += usize::from(changed.len() == 4);
+        // The ranges IPv4's header checksum and TCP's (the pseudo-header's addresses, then
+        // the segment) cover, and ranges of either alignment around the flips.
+        let mut ranges = vec![(ip, ip + 20), (tcp_sum_start, len)];
+        for &c in &changed {
+            let s = c & !1;
+            ranges.push((s, (s + 2).min(len)));
+            ranges.push((s.saturating_sub(6), (c + 9).min(len)));
+            ranges.push((0, c + 1));
+            ranges.push((s, len));
+            ranges.push((c, (c + 7).min(len)));
+        }
+        for (a, b) in ranges {
+            if !changed.iter().any(|&c| (a..b).contains(&c)) {
+                continue;
+            }
+            assert_ne!(
+                ones_complement_sum(&clean[a..b]),
+                ones_complement_sum(&dirty[a..b]),
+                "noise {noise}: bytes {changed:?} changed, but the checksum over {a}..{b} still matches"
+            );
+            if (a, b) == (tcp_sum_start, len) {
+                seen_in_tcp += 1;
+            }
+        }
+    }
+    assert!(
+        seen_in_tcp > 5_700,
+        "{seen_in_tcp} of 6000 damaged the TCP range"
+    );
+    // Not by falling back to one byte: the four asked for, every time.
+    assert_eq!(four, 6_000, "{four} of 6000 flipped four bytes");
+}
+
 #[test]
 fn stall_send_holds_completions_until_cleared() {
     let mut r = rig();
