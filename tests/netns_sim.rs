@@ -206,23 +206,34 @@ impl Pair {
     }
 }
 
-fn iperf(ns_server: &str, ns_client: &str, server: impl Into<std::net::IpAddr>, udp: bool) -> f64 {
-    let server: std::net::IpAddr = server.into();
-    let port = if udp { "5212" } else { "5211" };
-    // Killed when dropped, after a failed assertion too: a server left running keeps its
-    // port and every descriptor it inherited (a lock its caller holds, say).
+/// `iperf3 -s` in namespace `ns` on `addr`:`port` (`one_off`: `-1`, one test and out),
+/// half a second to start listening. Killed when dropped, after a failed assertion too: a
+/// server left running keeps its port and every descriptor it inherited (a lock its
+/// caller holds, say).
+fn iperf3_server(ns: &str, addr: impl Into<std::net::IpAddr>, port: &str, one_off: bool) -> Daemon {
+    let addr: std::net::IpAddr = addr.into();
+    let mut args = vec!["netns", "exec", ns, "iperf3", "-s"];
+    if one_off {
+        args.push("-1");
+    }
+    args.extend(["-p", port, "-B"]);
     let srv = Daemon(
         Command::new("ip")
-            .args([
-                "netns", "exec", ns_server, "iperf3", "-s", "-1", "-p", port, "-B",
-            ])
-            .arg(server.to_string())
+            .args(args)
+            .arg(addr.to_string())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );
     std::thread::sleep(Duration::from_millis(500));
+    srv
+}
+
+fn iperf(ns_server: &str, ns_client: &str, server: impl Into<std::net::IpAddr>, udp: bool) -> f64 {
+    let server: std::net::IpAddr = server.into();
+    let port = if udp { "5212" } else { "5211" };
+    let srv = iperf3_server(ns_server, server, port, true);
     let server_s = server.to_string();
     let mut args = vec!["iperf3", "-c", &server_s, "-p", port, "-t", "3", "-J"];
     if udp {
@@ -319,20 +330,7 @@ fn restarts_under_iperf3_keep_the_tcp_session() {
         &["ping", "-c", "2", "-i", "0.2", "-W", "2", &B.to_string()],
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
-    // Killed when dropped, after a failed assertion too: a server left running keeps its
-    // port and every descriptor it inherited (a lock its caller holds, say).
-    let srv = Daemon(
-        Command::new("ip")
-            .args([
-                "netns", "exec", &p.nb.0, "iperf3", "-s", "-1", "-p", "5213", "-B",
-            ])
-            .arg(B.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    std::thread::sleep(Duration::from_millis(500));
+    let srv = iperf3_server(&p.nb.0, B, "5213", true);
     let client = Command::new("ip")
         .args([
             "netns",
@@ -445,18 +443,7 @@ fn shipped_scenarios_run_against_a_live_daemon_and_fail_when_they_should() {
     }
     let p = Pair::start(3, &["--allow-faults"]);
     let port = "5214";
-    // Killed when dropped, after a failed assertion too: a server left running keeps its
-    // port and every descriptor it inherited (a lock its caller holds, say).
-    let srv = Daemon(
-        Command::new("ip")
-            .args(["netns", "exec", &p.na.0, "iperf3", "-s", "-p", port, "-B"])
-            .arg(A.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    std::thread::sleep(Duration::from_millis(500));
+    let srv = iperf3_server(&p.na.0, A, port, false);
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/faults");
     let json = p.dir.join("report.json");
 

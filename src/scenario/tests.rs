@@ -480,6 +480,18 @@ fn good_reads_add_no_check() {
     );
 }
 
+/// The steps of a run with one fault (`probe`) `wait_ms` into the load, then the
+/// `rate_restored = 0.5` check from 300 ms after it (for up to 2.5 s).
+fn one_fault_steps(wait_ms: u64) -> String {
+    format!(
+        r#"    {{ do = "wait", ms = {wait_ms} }},
+    {{ do = "exec", fault = "probe", command = ["true"] }},
+    {{ do = "wait", ms = 300 }},
+    {{ do = "expect", within_ms = 2500, rate_restored = 0.5 }},
+"#
+    )
+}
+
 /// A scenario of `steps` (TOML array items) under a placeholder load, against a fake
 /// daemon whose byte counter is `moving(ms since it started)`: the runs of the
 /// `rate_restored` tests below.
@@ -519,15 +531,7 @@ fn rate_run(tag: &str, after_mbps: u64) -> super::report::Report {
             cut * 1000 + (ms - cut) * after_mbps * 125
         }
     };
-    rate_scenario(
-        tag,
-        moving,
-        r#"    { do = "wait", ms = 3500 },
-    { do = "exec", fault = "probe", command = ["true"] },
-    { do = "wait", ms = 300 },
-    { do = "expect", within_ms = 2500, rate_restored = 0.5 },
-"#,
-    )
+    rate_scenario(tag, moving, &one_fault_steps(3500))
 }
 
 #[test]
@@ -599,15 +603,7 @@ fn no_traffic_before_the_fault_is_no_baseline_for_rate_restored() {
         1_001..=5_000 => 1_000_000,
         _ => 1_000_000 + (ms - 5_000) * 1000,
     };
-    let r = rate_scenario(
-        "idle",
-        moving,
-        r#"    { do = "wait", ms = 4500 },
-    { do = "exec", fault = "probe", command = ["true"] },
-    { do = "wait", ms = 300 },
-    { do = "expect", within_ms = 2500, rate_restored = 0.5 },
-"#,
-    );
+    let r = rate_scenario("idle", moving, &one_fault_steps(4500));
     let o = rate_check(&r, 0);
     assert!(!o.ok, "{o:?}");
     assert!(o.detail.contains("no rate measured"), "{}", o.detail);
