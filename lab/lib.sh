@@ -402,8 +402,9 @@ lab__bridge() {
 # lab__stalled OUTDIR ROLE...: "ROLE: LINE" for the first guest whose console shows the
 # kernel's NETDEV WATCHDOG (its eth0 transmit queue made no progress for 5 s) or the
 # lab's own TRANSMIT STALL (lab/guest/txwatch: nothing transmitted for 5 s while rxe
-# handed eth0 packets, too few to fill the ring and stop the queue); false if none has. Seen on this lab's hosts under 300+ Mbit/s on both links: the guest's
-# virtio-net transmit ring stops being served by QEMU for good, and every later step
+# handed eth0 packets, too few to fill the ring and stop the queue); false if none has.
+# Seen on this lab's hosts under 300+ Mbit/s on both links: the guest's virtio-net
+# transmit ring stops being served by QEMU for good, and every later step
 # fails (docs/RXE-LAB.md, "The link stall"). It is the emulation's fault, not the
 # datapath's: uipoib never touches eth0's queue.
 lab__stalled() {

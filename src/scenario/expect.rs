@@ -26,7 +26,7 @@ impl Runner {
         // would pass against it).
         let baseline = |before: Option<f64>| match &healthy {
             Some((b, _)) => Some(*b),
-            None => before.filter(|b| *b > 0.0),
+            None => super::record::baseline(before),
         };
         let deadline = Instant::now() + e.within;
         let want_restarts = e.restarts.or(e.restarts_at_least);

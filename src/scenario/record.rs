@@ -51,6 +51,12 @@ pub(super) fn rate(samples: &[Sample], from: u64, to: u64) -> Option<f64> {
     Some((b.bytes.saturating_sub(a.bytes)) as f64 * 8.0 / (dt as f64 / 1e3) / 1e6)
 }
 
+/// For `rate_restored`: a rate measured before a fault, if it can be a baseline. A window
+/// without traffic cannot: against zero any rate would pass.
+pub(super) fn baseline(before: Option<f64>) -> Option<f64> {
+    before.filter(|b| *b > 0.0)
+}
+
 /// For `rate_restored`: the rate in the window before this fault (the check prefers the
 /// run's first fault's, see `Runner::expect`), and over the last
 /// [`super::RATE_RESTORED_WINDOW`] of samples, none of them from before the traffic

@@ -411,10 +411,7 @@ impl Runner {
                                 } else {
                                     &r.rep.label
                                 };
-                                r.rep
-                                    .throughput_mbps
-                                    .before
-                                    .filter(|b| *b > 0.0)
+                                super::record::baseline(r.rep.throughput_mbps.before)
                                     .map(|b| (b, name.clone()))
                             })
                         });
