@@ -69,7 +69,7 @@ LAB_HOSTS_PKGS=(vde2)
 # tcp_diag: `ss -ti` shows per-connection byte counters (scripts/lab-guest-faults).
 # sch_tbf: the held-packets scenario holds eth0's packets in a `tc ... tbf` queue.
 LAB_GUEST_MODULES=(crc32_generic virtio_pci virtio_net virtio_rng 9pnet_virtio 9p overlay tun
-	rdma_rxe ib_uverbs rdma_ucm tcp_diag sch_tbf)
+	rdma_rxe ib_uverbs rdma_ucm tcp_diag sch_tbf sch_ingress cls_u32 act_gact)
 
 # Bump when the initramfs layout changes in a way the hashed inputs do not show.
 LAB_INITRAMFS_FORMAT=1

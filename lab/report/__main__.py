@@ -55,6 +55,13 @@ Usage: python3 lab/report KIND OUTDIR [options]   (the entry points call it)
       --vm-rc it only analyses the traces. Writes trace-report.{txt,json}. Exit 1 if a
       window's trace or a qperf result is missing or no turnaround fits (with --vm-rc also
       on a failed guest step).
+  cost OUTDIR [--vm-rc N]
+      `scripts/perf cost`: what one full-size packet costs the receiving guest's vCPU on
+      each path (eth0 dropped at ingress, eth0 to iperf3, rxe to ib_send_bw -e, uipoib to
+      iperf3) at each rate, the floor a datapath over rxe to a socket pays (rxe's receive
+      plus the kernel's delivery), uipoib above it, and the packet rate each cost allows
+      against ib_send_bw's full rate. Writes cost-report.{txt,json}. Exit 1 if a window is
+      missing or (with --vm-rc) a guest step failed.
 
 Every JSON report has one envelope beside its own fields: "kind" (the KIND above), "ok"
 (the verdict the exit status gives) and "failures" (why ok is false; empty when ok).
@@ -69,6 +76,7 @@ from lab import e2e, hostile
 from perf import perf, perf_host, recovery
 from ftrace import trace
 from tcpqueue import queue
+from cost import cost
 
 
 # ---- the command line -----------------------------------------------------------------------------
@@ -103,6 +111,7 @@ def main():
     p = kind("trace", trace)
     p.add_argument("--vm-rc", type=int)
     p.add_argument("--tap")
+    kind("cost", cost).add_argument("--vm-rc", type=int)
     a = ap.parse_args()
     return a.func(a)
 
