@@ -254,7 +254,11 @@ fn start(spec: &Launch, provider: Arc<dyn Provider>) -> Result<Running, DaemonEr
             source,
         },
     )?;
-    let tap = Arc::new(Tap::create(&c.tap, c.tap_offload)?.with_stats(stats.clone()));
+    let tap = Arc::new(
+        Tap::create(&c.tap, c.tap_offload)?
+            .with_stats(stats.clone())
+            .with_batched_writes(c.tap_batch),
+    );
     tap.configure(
         iface.mac(),
         iface.mtu(),
