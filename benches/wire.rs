@@ -235,7 +235,7 @@ fn tcp6_super_frame(payload: usize) -> Vec<u8> {
 struct Discard;
 
 impl FrameSink for Discard {
-    fn write(&mut self, hdr: &[u8; VNET_HDR_LEN], frame: &[u8], _: usize) -> std::io::Result<()> {
+    fn write(&mut self, hdr: &[u8; VNET_HDR_LEN], frame: &[u8]) -> std::io::Result<()> {
         black_box((hdr, frame));
         Ok(())
     }

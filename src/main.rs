@@ -158,11 +158,6 @@ struct TuneArgs {
     /// TAP checksum and TCP segmentation offload: true or false (default true).
     #[arg(long, value_name = "BOOL")]
     tap_offload: Option<bool>,
-    /// Write the frames received in one poll to the TAP with one io_uring submission
-    /// instead of one write each (where io_uring is refused, one by one): true or false
-    /// (default true).
-    #[arg(long, value_name = "BOOL")]
-    tap_batch: Option<bool>,
     /// A second bank of receive and send slots, so that a restart after a failed poll
     /// posts the new ring and announces it before the failed QP is destroyed (doubles
     /// the registered memory): true or false (default true).
@@ -779,7 +774,6 @@ impl TuneArgs {
             qkey: self.qkey,
             group: self.group.clone(),
             tap_offload: self.tap_offload,
-            tap_batch: self.tap_batch,
             spare_bank: self.spare_bank,
             rehearse_restart: self.rehearse_restart,
             restart_nice: self.restart_nice,
@@ -840,7 +834,6 @@ fn flag_keys(a: &UpArgs) -> Vec<&'static str> {
         ("qkey", t.qkey.is_some()),
         ("group", t.group.is_some()),
         ("tap-offload", t.tap_offload.is_some()),
-        ("tap-batch", t.tap_batch.is_some()),
         ("spare-bank", t.spare_bank.is_some()),
         ("rehearse-restart", t.rehearse_restart.is_some()),
         ("restart-nice", t.restart_nice.is_some()),

@@ -254,11 +254,7 @@ fn start(spec: &Launch, provider: Arc<dyn Provider>) -> Result<Running, DaemonEr
             source,
         },
     )?;
-    let tap = Arc::new(
-        Tap::create(&c.tap, c.tap_offload)?
-            .with_stats(stats.clone())
-            .with_batched_writes(c.tap_batch),
-    );
+    let tap = Arc::new(Tap::create(&c.tap, c.tap_offload)?.with_stats(stats.clone()));
     tap.configure(
         iface.mac(),
         iface.mtu(),

@@ -1,5 +1,5 @@
 //! The system calls the crate makes outside the verbs FFI, in one place: the TUN/TAP
-//! ioctls ([`tap`]), the TAP's batched writes through io_uring ([`uring`]) and the process-level calls of the runtime and the scenario runner
+//! ioctls ([`tap`]) and the process-level calls of the runtime and the scenario runner
 //! ([`process`]: signals, the effective uid, a peer's uid or pid, the umask). With
 //! `src/verbs/rdma*`, this is the only code allowed `unsafe` (`Cargo.toml`'s `[lints]`
 //! deny it elsewhere); every block says why it holds.
@@ -7,4 +7,3 @@
 
 pub mod process;
 pub mod tap;
-pub mod uring;

@@ -13,10 +13,6 @@
 //! to 64 KiB in one read, which are cut here into MTU-sized segments (src/wire/offload.rs),
 //! and partial checksums are completed. The datapath sees ordinary frames either way.
 //!
-//! With batched writes (`tap-batch`, on by default) the frames received in one poll are
-//! written by one io_uring submission at its end instead of one `write` each
-//! ([`crate::sys::uring`]); where io_uring is refused they go one by one, as before.
-//!
 //! The TAP outlives the verbs objects: it stays up across a restart of the interface.
 
 use std::fs::File;
@@ -28,17 +24,10 @@ use std::sync::{Arc, Mutex};
 /// The least MTU IPv6 runs over (RFC 8200 §5); below it the kernel takes IPv6 off a link.
 const MIN_IPV6_MTU: usize = 1280;
 
-use crate::sys::uring::WriteBatch;
 use crate::wire::eth::Mac;
 use crate::wire::ipv4::Ipv4Cidr;
 use crate::wire::ipv6::Ipv6Cidr;
 use crate::wire::offload::{FrameSink, Joiner, Segmenter, Taken, VNET_HDR_LEN};
-
-/// Writes one batch holds at most: a poll's default budget of received frames.
-const BATCH_WRITES: usize = 64;
-/// Bytes one batch holds at most: 64 frames of a 4096-byte MTU, or four joined
-/// super-frames of 64 KiB, with their headers.
-const BATCH_BYTES: usize = 4 * (65536 + 2 * VNET_HDR_LEN + 64);
 
 /// A TAP failure, naming the step.
 #[derive(Debug, thiserror::Error)]
@@ -89,32 +78,13 @@ pub struct Tap {
     /// The IPv6 addresses [`Tap::configure`] added, added again by [`Tap::reconfigure`].
     addr6: Mutex<Vec<Ipv6Cidr>>,
     stats: Option<Arc<dyn OffloadCounters>>,
-    /// With batched writes: the frames written at the next flush.
-    batch: Option<Mutex<WriteBatch>>,
 }
 
 /// Writes a frame behind its `virtio_net_hdr` with one `writev`.
 struct Sink<'a>(&'a File);
 
-/// Queues a frame behind its `virtio_net_hdr` in the batch; what the batch refuses (the
-/// ring failed) is written at once, after what waited in it, so order is kept.
-struct BatchSink<'a> {
-    batch: &'a mut WriteBatch,
-    file: &'a File,
-}
-
-impl FrameSink for BatchSink<'_> {
-    fn write(&mut self, hdr: &[u8; VNET_HDR_LEN], frame: &[u8], frames: usize) -> io::Result<()> {
-        if self.batch.push(&[hdr, frame], frames) {
-            return Ok(());
-        }
-        self.batch.submit();
-        Sink(self.file).write(hdr, frame, frames)
-    }
-}
-
 impl FrameSink for Sink<'_> {
-    fn write(&mut self, hdr: &[u8; VNET_HDR_LEN], frame: &[u8], _: usize) -> io::Result<()> {
+    fn write(&mut self, hdr: &[u8; VNET_HDR_LEN], frame: &[u8]) -> io::Result<()> {
         let n = self
             .0
             .write_vectored(&[IoSlice::new(hdr), IoSlice::new(frame)])?;
@@ -185,32 +155,7 @@ impl Tap {
             netns: Mutex::new(None),
             addr6: Mutex::new(Vec::new()),
             stats: None,
-            batch: None,
         })
-    }
-
-    /// Write the frames received in one poll with one io_uring submission at its flush
-    /// (`on`), or each with its own `write`. Where io_uring is refused the TAP writes one
-    /// by one and says so once; [`Tap::batched`] tells which.
-    pub fn with_batched_writes(mut self, on: bool) -> Tap {
-        if !on {
-            self.batch = None;
-            return self;
-        }
-        match WriteBatch::new(self.file.as_raw_fd(), BATCH_WRITES, BATCH_BYTES) {
-            Ok(b) => self.batch = Some(Mutex::new(b)),
-            Err(e) => tracing::warn!(
-                tap = %self.name,
-                error = %e,
-                "io_uring is not available: received frames are written to the TAP one by one"
-            ),
-        }
-        self
-    }
-
-    /// Whether received frames are written in batches (io_uring).
-    pub fn batched(&self) -> bool {
-        self.batch.is_some()
     }
 
     /// Count offload work (super-frames cut and joined) in `stats`.
@@ -431,63 +376,28 @@ impl FrameIo for Tap {
     }
 
     fn write_frame(&self, frame: &[u8]) -> io::Result<usize> {
-        let mut batch = self
-            .batch
-            .as_ref()
-            .map(|b| b.lock().unwrap_or_else(|e| e.into_inner()));
         let Some(gro) = &self.gro else {
-            if let Some(b) = batch.as_deref_mut() {
-                if b.push(&[frame], 1) {
-                    return Ok(frame.len());
-                }
-                // The ring failed: what waited goes first.
-                b.submit();
-            }
             return (&self.file).write(frame);
         };
         let mut g = gro.lock().unwrap_or_else(|e| e.into_inner());
         // A frame that could not be written is counted by the joiner and reported (as a
         // drop) at the next flush.
-        let _ = match batch.as_deref_mut() {
-            Some(batch) => g.push(
-                frame,
-                &mut BatchSink {
-                    batch,
-                    file: &self.file,
-                },
-            ),
-            None => g.push(frame, &mut Sink(&self.file)),
-        };
+        let _ = g.push(frame, &mut Sink(&self.file));
         Ok(frame.len())
     }
 
     fn flush(&self) -> usize {
-        let mut batch = self
-            .batch
-            .as_ref()
-            .map(|b| b.lock().unwrap_or_else(|e| e.into_inner()));
-        let mut lost = 0;
-        if let Some(gro) = &self.gro {
-            let mut g = gro.lock().unwrap_or_else(|e| e.into_inner());
-            let f = match batch.as_deref_mut() {
-                Some(batch) => g.flush(&mut BatchSink {
-                    batch,
-                    file: &self.file,
-                }),
-                None => g.flush(&mut Sink(&self.file)),
-            };
-            if let Some(s) = &self.stats
-                && f.joined != (0, 0)
-            {
-                s.coalesced(f.joined.0, f.joined.1);
-            }
-            lost += f.lost;
+        let Some(gro) = &self.gro else {
+            return 0;
+        };
+        let mut g = gro.lock().unwrap_or_else(|e| e.into_inner());
+        let f = g.flush(&mut Sink(&self.file));
+        if let Some(s) = &self.stats
+            && f.joined != (0, 0)
+        {
+            s.coalesced(f.joined.0, f.joined.1);
         }
-        if let Some(b) = batch.as_deref_mut() {
-            b.submit();
-            lost += b.take_lost().0;
-        }
-        lost
+        f.lost
     }
 }
 

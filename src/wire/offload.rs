@@ -314,14 +314,8 @@ pub fn segment(frame: &[u8], p: &Plan, i: usize, out: &mut [u8]) -> Result<usize
 
 /// The writer a [`Coalescer`] hands its frames to: a `virtio_net_hdr` and a frame.
 pub trait FrameSink {
-    /// Write one frame behind its header; it carries `frames` received frames (more than
-    /// one when joined), which a sink that writes later counts as lost if that fails.
-    fn write(
-        &mut self,
-        hdr: &[u8; VNET_HDR_LEN],
-        frame: &[u8],
-        frames: usize,
-    ) -> std::io::Result<()>;
+    /// Write one frame behind its header.
+    fn write(&mut self, hdr: &[u8; VNET_HDR_LEN], frame: &[u8]) -> std::io::Result<()>;
 }
 
 /// Frames a [`Coalescer`] could not write, and why.
@@ -572,7 +566,7 @@ impl Coalescer {
         };
         let mut h = [0u8; VNET_HDR_LEN];
         hdr.emit(&mut h);
-        sink.write(&h, f, segs).map_err(|error| Lost {
+        sink.write(&h, f).map_err(|error| Lost {
             frames: segs,
             error,
         })?;
@@ -594,7 +588,7 @@ fn both(a: Result<(), Lost>, b: Result<(), Lost>) -> Result<(), Lost> {
 }
 
 fn write_one(f: &[u8], sink: &mut dyn FrameSink) -> Result<(), Lost> {
-    sink.write(&[0; VNET_HDR_LEN], f, 1)
+    sink.write(&[0; VNET_HDR_LEN], f)
         .map_err(|error| Lost { frames: 1, error })
 }
 

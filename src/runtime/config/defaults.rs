@@ -67,12 +67,6 @@ pub const DEFAULT_GROUP: Ipv4Addr = Ipv4Addr::new(239, 18, 0, 1);
 /// instead of one MTU. See docs/PERFORMANCE.md for what it changes.
 pub const DEFAULT_TAP_OFFLOAD: bool = true;
 
-/// The frames received in one poll written to the TAP with one io_uring submission: the
-/// application they wake runs once after them, not after each (which, on one CPU, made
-/// every frame cost two context switches). See docs/PERFORMANCE.md, "The TAP's writes
-/// batched".
-pub const DEFAULT_TAP_BATCH: bool = true;
-
 /// A second bank of receive and send slots, so that a restart after a failed poll posts
 /// the new QP's receive ring and announces it before the failed QP is destroyed (the
 /// registered memory doubles: 34 MiB at the default rings and a 4096-byte MTU). See

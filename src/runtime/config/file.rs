@@ -61,8 +61,6 @@ pub struct ConfigKeys {
     pub backoff_max_ms: Option<u64>,
     /// TAP checksum and TCP segmentation offload (`IFF_VNET_HDR`).
     pub tap_offload: Option<bool>,
-    /// The frames of one poll written to the TAP with one io_uring submission.
-    pub tap_batch: Option<bool>,
     /// A second bank of slots for restarts after a failed poll.
     pub spare_bank: Option<bool>,
     /// Rehearse the restart after a failed poll once at start.
@@ -137,7 +135,6 @@ impl ConfigKeys {
             backoff_initial_ms: self.backoff_initial_ms.or(other.backoff_initial_ms),
             backoff_max_ms: self.backoff_max_ms.or(other.backoff_max_ms),
             tap_offload: self.tap_offload.or(other.tap_offload),
-            tap_batch: self.tap_batch.or(other.tap_batch),
             spare_bank: self.spare_bank.or(other.spare_bank),
             rehearse_restart: self.rehearse_restart.or(other.rehearse_restart),
             restart_nice: self.restart_nice.or(other.restart_nice),

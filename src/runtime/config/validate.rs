@@ -61,8 +61,6 @@ pub struct Config {
     pub tx_timeout: Duration,
     /// TAP checksum and TCP segmentation offload.
     pub tap_offload: bool,
-    /// The frames of one poll written to the TAP with one io_uring submission.
-    pub tap_batch: bool,
     /// A second bank of slots for restarts after a failed poll.
     pub spare_bank: bool,
     /// Rehearse the restart after a failed poll once at start.
@@ -446,7 +444,6 @@ impl Config {
             neigh_max_age: Duration::from_secs(age),
             tx_timeout,
             tap_offload: f.tap_offload.unwrap_or(DEFAULT_TAP_OFFLOAD),
-            tap_batch: f.tap_batch.unwrap_or(DEFAULT_TAP_BATCH),
             spare_bank: f.spare_bank.unwrap_or(DEFAULT_SPARE_BANK),
             rehearse_restart: f.rehearse_restart.unwrap_or(DEFAULT_REHEARSE_RESTART),
             restart_nice,
@@ -491,15 +488,14 @@ impl Config {
             .collect();
         let _ = writeln!(
             t,
-            "  create TAP {} with {}, MTU {}, offloads {}, batched writes {}",
+            "  create TAP {} with {}, MTU {}, offloads {}",
             self.tap,
             addrs.join(", "),
             self.mtu.map_or_else(
                 || "from the port (active MTU - 4)".into(),
                 |m| m.to_string()
             ),
-            if self.tap_offload { "on" } else { "off" },
-            if self.tap_batch { "on" } else { "off" }
+            if self.tap_offload { "on" } else { "off" }
         );
         let _ = writeln!(
             t,

@@ -171,7 +171,7 @@ struct Rec {
 }
 
 impl FrameSink for Rec {
-    fn write(&mut self, hdr: &[u8; VNET_HDR_LEN], frame: &[u8], _: usize) -> std::io::Result<()> {
+    fn write(&mut self, hdr: &[u8; VNET_HDR_LEN], frame: &[u8]) -> std::io::Result<()> {
         if self.fail {
             return Err(std::io::Error::other("queue full"));
         }
@@ -333,7 +333,7 @@ fn a_failed_flush_does_not_take_the_next_frame_with_it() {
         out: Vec<Vec<u8>>,
     }
     impl FrameSink for FailOnce {
-        fn write(&mut self, _: &[u8; VNET_HDR_LEN], frame: &[u8], _: usize) -> std::io::Result<()> {
+        fn write(&mut self, _: &[u8; VNET_HDR_LEN], frame: &[u8]) -> std::io::Result<()> {
             if !self.failed {
                 self.failed = true;
                 return Err(std::io::Error::other("queue full"));
