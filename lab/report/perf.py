@@ -173,15 +173,20 @@ def vcpu_split(out, tag, role):
     """How the guest's vCPU spent the step's iperf3 run (its /proc/stat `cpu` line as the
     run began and ended; the `cpu` line sums every vCPU, so with LAB_SMP > 1 this is their
     average): dict of percentages busy, user (with nice), system, irq (hard and soft:
-    rxe's receive and the kernel's input among it) and idle (with iowait), or None."""
+    rxe's receive and the kernel's input among it) and idle (with iowait), or None.
+    Busy is the wall time less the idle time when the files have the wall clock (the
+    idle time is measured; the busy kinds are sampled at the tick and alias with loads
+    paced every millisecond), and the kinds share it as their ticks do."""
     def get(when):
         t = read(os.path.join(out, "raw", f"{tag}.run-{when}.stat.{role}")) or ""
         f = t.split()
         try:
-            return [int(x) for x in f[1:9]] if len(f) >= 9 and f[0] == "cpu" else None
-        except ValueError:
-            return None
-    b, a = get("begin"), get("end")
+            ticks = [int(x) for x in f[1:9]] if len(f) >= 9 and f[0] == "cpu" else None
+            wall = float(f[f.index("wall") + 1]) if "wall" in f[9:] else None
+        except (ValueError, IndexError):
+            return None, None
+        return ticks, wall
+    (b, wb), (a, wa) = get("begin"), get("end")
     if not a or not b:
         return None
     d = [x - y for x, y in zip(a, b)]
@@ -189,9 +194,21 @@ def vcpu_split(out, tag, role):
     if total <= 0:
         return None
     user, nice, system, idle, iowait, irq, softirq, steal = d
-    pc = lambda v: 100.0 * v / total
-    return dict(busy=pc(total - idle - iowait), user=pc(user + nice), system=pc(system),
-                irq=pc(irq + softirq), idle=pc(idle + iowait), steal=pc(steal))
+    sampled = total - idle - iowait
+    busy = 100.0 * sampled / total
+    try:
+        hz = int((read(os.path.join(out, "raw", "clk_tck")) or "100").strip() or 100)
+    except ValueError:
+        hz = 100
+    if wa is not None and wb is not None and wa > wb:
+        # The vCPUs' time over the run: the wall time times their number (which the
+        # ticks' total gives, rounded).
+        cpus = max(1, round(total / ((wa - wb) * hz)))
+        span = (wa - wb) * hz * cpus
+        busy = min(100.0, max(0.0, 100.0 * (span - idle - iowait) / span))
+    share = lambda v: busy * v / sampled if sampled > 0 else 0.0
+    return dict(busy=busy, user=share(user + nice), system=share(system),
+                irq=share(irq + softirq), idle=100.0 - busy, steal=share(steal))
 
 
 def step_text(st):
