@@ -17,6 +17,7 @@ PATHS = (
     ("rxe", "rxe to ib_send_bw -e (a verbs receiver)"),
     ("uip", "uipoib to iperf3"),
     ("uipbatch", "uipoib to iperf3 at SCHED_BATCH"),
+    ("uipnice", "uipoib, its daemon at nice -10"),
 )
 
 
@@ -276,6 +277,10 @@ def cost(a):
                 res["uipbatch_us"] = ub
                 L.append(f"  uipoib with iperf3 at SCHED_BATCH (its wake-up does not preempt the daemon's TAP write): "
                          f"{ub:.1f} us, {ub / u:.2f} x")
+            un = m.get("uipnice", {}).get("us")
+            if un is not None:
+                res["uipnice_us"] = un
+                L.append(f"  uipoib with its daemon at nice -10 (the same, from the daemon's side): {un:.1f} us, {un / u:.2f} x")
             summary[key] = res
         L.append("")
     rep_json["summary"] = summary
