@@ -40,7 +40,7 @@
 #                     falls behind; docs/RXE-LAB.md)
 #   LAB_STALL_RETRIES how many times lab_vm_run boots the two guests again after a boot
 #                     whose link stalled (a guest's NETDEV WATCHDOG, or the TRANSMIT
-#                     STALL of its lab/guest/txwatch; default 2); each
+#                     STALL of its lab/guest/txwatch; default 4); each
 #                     boot has the whole LAB_TIMEOUT
 #   LAB_LINK_QUICKACK the socket link only: 0 (default: the host's namespace, where the
 #                     link holds a small frame for the peer's delayed ACK) or 1 (their
@@ -567,7 +567,7 @@ lab_vm_run() {
 		lab_die "LAB_LINK_QUICKACK must be 0 (the default) or 1 (the guests' socket link acknowledges at once), not '$LAB_LINK_QUICKACK'"
 	[[ $link == socket || ${LAB_LINK_QUICKACK:-0} == 0 ]] ||
 		lab_die "LAB_LINK_QUICKACK=1 is a setting of the socket link: set LAB_LINK=socket with it"
-	local retries=${LAB_STALL_RETRIES:-2}
+	local retries=${LAB_STALL_RETRIES:-4}
 	[[ $retries =~ ^[0-9]$ ]] ||
 		lab_die "LAB_STALL_RETRIES must be 0..9 (boots repeated after a stalled link), not '$retries'"
 	rm -rf "$out"/stalled-boot-*
