@@ -69,7 +69,16 @@ LAB_HOSTS_PKGS=(vde2)
 # tcp_diag: `ss -ti` shows per-connection byte counters (scripts/lab-guest-faults).
 # sch_tbf: the held-packets scenario holds eth0's packets in a `tc ... tbf` queue.
 LAB_GUEST_MODULES=(crc32_generic virtio_pci virtio_net virtio_rng 9pnet_virtio 9p overlay tun
-	rdma_rxe ib_uverbs rdma_ucm tcp_diag sch_tbf sch_ingress cls_u32 act_gact)
+	rdma_rxe ib_uverbs rdma_ucm tcp_diag sch_tbf)
+# LAB_GUEST_EXTRA_MODULES (space-separated, exported by a job that needs them) adds
+# modules for that job alone, so every other job boots the same initramfs as before
+# (scripts/perf cost: sch_ingress cls_u32 act_gact, for its ingress drop on eth0).
+lab__guest_modules() {
+	local extra=${LAB_GUEST_EXTRA_MODULES:-}
+	[[ $extra =~ ^[a-z0-9_\ -]*$ ]] || lab_die "LAB_GUEST_EXTRA_MODULES holds module names, not '$extra'"
+	# shellcheck disable=SC2206 # names, split on purpose
+	GUEST_MODULES=("${LAB_GUEST_MODULES[@]}" $extra)
+}
 
 # Bump when the initramfs layout changes in a way the hashed inputs do not show.
 LAB_INITRAMFS_FORMAT=1
@@ -197,8 +206,10 @@ lab__fetch_kernel() {
 }
 
 lab__initramfs_key() {
+	local GUEST_MODULES
+	lab__guest_modules
 	{
-		echo "format=$LAB_INITRAMFS_FORMAT kver=$LAB_KVER modules=${LAB_GUEST_MODULES[*]}"
+		echo "format=$LAB_INITRAMFS_FORMAT kver=$LAB_KVER modules=${GUEST_MODULES[*]}"
 		sha256sum "$LAB_GUEST_DIR/init" | cut -d' ' -f1
 		sha256sum "$LAB_CACHE/kernel/$LAB_KVER/linux-image.deb" | cut -d' ' -f1
 		sha256sum /bin/busybox | cut -d' ' -f1
@@ -230,7 +241,9 @@ lab__build_initramfs() {
 	# Resolve the module list to files, with their (transitive) dependencies.
 	local -A want=()
 	local m line path deps d found
-	for m in "${LAB_GUEST_MODULES[@]}"; do
+	local GUEST_MODULES
+	lab__guest_modules
+	for m in "${GUEST_MODULES[@]}"; do
 		found=
 		while IFS= read -r line; do
 			path=${line%%:*}
