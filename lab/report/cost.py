@@ -9,7 +9,7 @@ columns are sampled at the timer tick, which a load paced every millisecond can 
 import os
 import statistics
 
-from common import read, read_json, finish, fmt, guest_failures, run_head, steps_of
+from common import read, read_json, finish, fmt, guest_failures, perftest_row, run_head, steps_of
 
 PATHS = (
     ("eth0drop", "eth0, dropped at its ingress (virtio's receive)"),
@@ -78,16 +78,8 @@ def setup(out):
 def sent(out, tag, path):
     """What b sent in the window: iperf3's datagrams, or ib_send_bw's messages."""
     if path == "rxe":
-        t = read(os.path.join(out, "raw", f"{tag}.out.b")) or ""
-        hdr = False
-        for line in t.splitlines():
-            if "#bytes" in line and "#iterations" in line:
-                hdr = True
-                continue
-            f = line.split()
-            if hdr and f and f[0].isdigit():
-                return int(f[1])
-        return None
+        f = perftest_row(read(os.path.join(out, "raw", f"{tag}.out.b")), "#iterations", 2)
+        return int(f[1]) if f else None
     j, _ = read_json(os.path.join(out, "raw", f"{tag}.out.b"))
     try:
         return int(j["end"]["sum_sent"]["packets"])
@@ -110,19 +102,11 @@ def delivered(out, tag, path, w):
 
 def full_rate(out, rep):
     """The rep's full-speed ib_send_bw message rate as a's receiver counted it (1/s)."""
-    t = read(os.path.join(out, "raw", f"r{rep}.ibbw.out.a")) or ""
-    hdr = False
-    for line in t.splitlines():
-        if "#bytes" in line and "MsgRate" in line:
-            hdr = True
-            continue
-        f = line.split()
-        if hdr and f and f[0].isdigit():
-            try:
-                return float(f[4]) * 1e6
-            except (ValueError, IndexError):
-                return None
-    return None
+    f = perftest_row(read(os.path.join(out, "raw", f"r{rep}.ibbw.out.a")), "MsgRate", 5)
+    try:
+        return float(f[4]) * 1e6 if f else None
+    except ValueError:
+        return None
 
 
 def med(xs):
