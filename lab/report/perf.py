@@ -446,7 +446,8 @@ def perf(args):
 
     names = {"": env_val("PERF_BASE_NAME", "base"), "alt.": env_val("PERF_ALT_NAME", "alt")}
     has_alt = bool(env_val("PERF_ALT_BIN", "") or env_val("PERF_ALT_ARGS", "")
-                   or env_val("PERF_ALT_NICE", "0") != "0" or env_val("PERF_ALT_TXQLEN", "")) or bool(
+                   or env_val("PERF_ALT_NICE", "0") != "0" or env_val("PERF_ALT_TXQLEN", "")
+                   or env_val("PERF_ALT_SCHED", "other") != "other") or bool(
         glob.glob(os.path.join(raw, "r*.alt.uiptcp.json")))
     pres = ["", "alt."] if has_alt else [""]
     try:
