@@ -149,6 +149,12 @@ struct TuneArgs {
     /// a poll empties it (0, the default: off; 100 is CoDel's own interval).
     #[arg(long, value_name = "MILLISECONDS")]
     rx_aqm_ms: Option<u64>,
+    /// The poller thread's nice level while a poll finds more than one received frame
+    /// waiting (and for 100 ms after the last such poll): the applications the TAP's
+    /// writes wake then do not preempt it frame by frame. A level lower than the daemon's
+    /// needs CAP_SYS_NICE or a RLIMIT_NICE that allows it; one not below it does nothing.
+    #[arg(long, value_name = "NICE", allow_negative_numbers = true)]
+    rx_boost_nice: Option<i64>,
     /// Q_Key of the UD QP.
     #[arg(long, value_parser = parse_u32)]
     qkey: Option<u32>,
@@ -771,6 +777,7 @@ impl TuneArgs {
             tx_batch: self.tx_batch,
             busy_poll_us: self.busy_poll_us,
             rx_aqm_ms: self.rx_aqm_ms,
+            rx_boost_nice: self.rx_boost_nice,
             qkey: self.qkey,
             group: self.group.clone(),
             tap_offload: self.tap_offload,
@@ -831,6 +838,7 @@ fn flag_keys(a: &UpArgs) -> Vec<&'static str> {
         ("tx-batch", t.tx_batch.is_some()),
         ("busy-poll-us", t.busy_poll_us.is_some()),
         ("rx-aqm-ms", t.rx_aqm_ms.is_some()),
+        ("rx-boost-nice", t.rx_boost_nice.is_some()),
         ("qkey", t.qkey.is_some()),
         ("group", t.group.is_some()),
         ("tap-offload", t.tap_offload.is_some()),

@@ -7,14 +7,16 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{SockTap, arp_reply, arp_request, fabric, ipv4_frame, open};
+use common::{
+    SockTap, arp_reply, arp_request, fabric, ipv4_frame, nice_levels, nice_levels_at, open, params,
+};
 use crossbeam_channel::unbounded;
 use uipoib::iface::{FLUSH_DEADLINE, Failure};
 use uipoib::runtime::poller::{Exit, Poller};
 use uipoib::runtime::supervisor::Close;
 use uipoib::tap::TapDevice;
 use uipoib::verbs::VerbsError;
-use uipoib::verbs::fault::FaultyProvider;
+use uipoib::verbs::fault::{Fault, FaultSpec, FaultyProvider};
 use uipoib::wire::arp::EthArp;
 use uipoib::wire::eth;
 
@@ -131,4 +133,134 @@ fn traffic_flows_then_a_failed_poll_hands_the_interface_over() {
     }
     pb.join();
     assert_eq!(sim.live_qps(), 0, "every QP destroyed");
+}
+
+/// `rx-boost-nice`: a poll that finds a backlog of received frames raises the poller's
+/// nice level (counted as `rx_boosts`), and a wake-up after 100 ms without one lowers it
+/// again, before the frame that woke it is delivered.
+#[test]
+fn a_receive_backlog_raises_the_pollers_level_and_a_quiet_spell_lowers_it() {
+    let base = uipoib::sys::process::thread_nice().unwrap();
+    let raised = base - 2;
+    // Raising a thread's priority needs CAP_SYS_NICE or a RLIMIT_NICE that allows it
+    // (scripts/test runs as root). Said here if not.
+    let allowed = std::thread::spawn(move || uipoib::sys::process::set_thread_nice(raised))
+        .join()
+        .unwrap();
+    if let Err(e) = allowed {
+        panic!(
+            "this test cannot run here: raising a thread from nice {base} to {raised} is \
+             refused ({e}); it needs CAP_SYS_NICE or a RLIMIT_NICE that allows it"
+        );
+    }
+    let sim = Arc::new(fabric(4096));
+    let mut pa = params("sim0", "198.18.2.1/24", 256, 32);
+    pa.rx_boost_nice = Some(raised);
+    // A budget of 64: a poll takes a whole burst.
+    pa.budget = 64;
+    let faulty = FaultyProvider::new(sim.clone());
+    let switch = faulty.switch();
+    let a = uipoib::iface::Interface::open(
+        &faulty,
+        &pa,
+        Arc::new(uipoib::iface::stats::Stats::default()),
+        1,
+        &mut None,
+    )
+    .unwrap();
+    let b = open(sim.as_ref(), "sim1", "198.18.2.2/24", 64, 32);
+    let (a_mac, b_mac) = (a.mac(), b.mac());
+    let (sa, sb) = (a.stats().clone(), b.stats().clone());
+    let (ta, tb) = (SockTap::new(), SockTap::new());
+    let (tx, rx) = unbounded();
+    let da: Arc<dyn TapDevice> = ta.clone();
+    let db: Arc<dyn TapDevice> = tb.clone();
+    let pa = Poller::spawn("boost".into(), a, da, tx.clone()).unwrap();
+    let pb = Poller::spawn("plain".into(), b, db, tx).unwrap();
+    assert_eq!(nice_levels_at("poll-boost", base), vec![base]);
+
+    tb.inject(&arp_request(b_mac, B_IP, A_IP));
+    wait_frame(&ta, "ARP request", |f| {
+        eth::parse_frame(f)
+            .ok()
+            .and_then(|(_, p)| EthArp::parse(p).ok())
+            .is_some_and(|a| a.tpa == A_IP && a.spa == B_IP)
+    });
+    ta.inject(&arp_reply(a_mac, A_IP, b_mac, B_IP));
+    wait_frame(&tb, "ARP reply", |f| {
+        eth::parse_frame(f)
+            .ok()
+            .and_then(|(_, p)| EthArp::parse(p).ok())
+            .is_some_and(|a| a.spa == A_IP && a.op == 2)
+    });
+    // The start's announcements may have arrived together (a backlog of two): past the
+    // hold, one frame at a time, each delivered before the next: no backlog, no boost.
+    std::thread::sleep(Duration::from_millis(150));
+    let before = stats_of(&sa).rx_boosts;
+    for i in 0..20u32 {
+        let body = i.to_be_bytes().repeat(100);
+        tb.inject(&ipv4_frame(a_mac, b_mac, B_IP, A_IP, &body));
+        wait_frame(&ta, "a single frame", |f| f.len() == 14 + 20 + body.len());
+    }
+    assert_eq!(stats_of(&sa).rx_boosts, before);
+    assert_eq!(nice_levels("poll-boost"), vec![base]);
+
+    // A burst while A's poller is held up (its next poll sleeps 50 ms: `slow-poll`): the
+    // frames wait in its receive CQ, a backlog. (Eight: the test's TAP, a Unix datagram
+    // socket, queues at most ten frames for this reader.)
+    switch.arm(
+        FaultSpec::new(Fault::SlowPoll {
+            delay: Duration::from_millis(50),
+        })
+        .limit(1),
+    );
+    let burst = 8u32;
+    for i in 0..burst {
+        let body = (1000 + i).to_be_bytes().repeat(100);
+        tb.inject(&ipv4_frame(a_mac, b_mac, B_IP, A_IP, &body));
+        if i == 0 {
+            // The first one wakes A, whose poll then sleeps.
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let mut got = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while got < burst && Instant::now() < deadline {
+        if ta.recv().is_some_and(|f| f.len() == 14 + 20 + 400) {
+            got += 1;
+        }
+    }
+    assert_eq!(got, burst, "the burst delivered");
+    assert_eq!(switch.fired(uipoib::verbs::fault::FaultKind::SlowPoll), 1);
+    let boosts = stats_of(&sa).rx_boosts;
+    assert!(boosts > before, "no boost for a burst of {burst}");
+    // B's poller has no level to raise to, whatever it receives.
+    assert_eq!(stats_of(&sb).rx_boosts, 0);
+    assert_eq!(nice_levels("poll-plain"), vec![base]);
+
+    // After the hold, the next wake-up lowers the level again.
+    std::thread::sleep(Duration::from_millis(150));
+    tb.inject(&ipv4_frame(a_mac, b_mac, B_IP, A_IP, &[7; 300]));
+    wait_frame(&ta, "the frame after the hold", |f| {
+        f.len() == 14 + 20 + 300
+    });
+    assert_eq!(nice_levels_at("poll-boost", base), vec![base]);
+    assert_eq!(stats_of(&sa).rx_boosts, boosts, "raised again by one frame");
+
+    for (p, name) in [(pa, "boost"), (pb, "plain")] {
+        p.stop();
+        match rx.recv_timeout(Duration::from_secs(5)).unwrap() {
+            Exit::Stopped { iface, .. } => {
+                assert_eq!(iface.stats().snapshot().drops_total(), 0);
+                iface.close(FLUSH_DEADLINE).0.ledger.unwrap();
+            }
+            Exit::Failed { cause, .. } => panic!("{name} failed: {cause}"),
+            Exit::Panicked { message, .. } => panic!("{name}'s poller panicked: {message}"),
+        }
+        p.join();
+    }
+}
+
+fn stats_of(s: &uipoib::iface::stats::Stats) -> uipoib::iface::stats::Snapshot {
+    s.snapshot()
 }

@@ -129,6 +129,7 @@ fn config(i: usize, neigh_capacity: u32, send_slots: u32) -> IfaceConfig {
         poll_failure: Default::default(),
         busy_poll: Default::default(),
         rx_aqm: uipoib::runtime::config::DEFAULT_RX_AQM,
+        rx_boost_nice: None,
         neigh_view: Default::default(),
     }
 }

@@ -11,8 +11,8 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::ipv4_frame;
 use common::sup::{self, A_IP, B_IP, Side, flows, introduce, pair, pair_with_grace};
+use common::{ipv4_frame, nice_levels, nice_levels_at};
 use uipoib::iface::recovery::Policy;
 use uipoib::iface::stats;
 use uipoib::verbs::AsyncEvent;
@@ -539,41 +539,6 @@ fn a_port_changed_under_a_kept_endpoint_is_reopened_not_renewed() {
     );
     a.end();
     b.end();
-}
-
-/// The nice level of each of this process's threads named `name`.
-fn nice_levels(name: &str) -> Vec<i32> {
-    let mut found = Vec::new();
-    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        if comm.trim_end() != name {
-            continue;
-        }
-        // A thread that ends between the two reads is gone: skipped.
-        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
-            continue;
-        };
-        // After the command's closing parenthesis: the state is field 3, nice field 19.
-        let rest = &stat[stat.rfind(')').unwrap() + 1..];
-        found.push(rest.split_whitespace().nth(16).unwrap().parse().unwrap());
-    }
-    found
-}
-
-/// The nice levels of the threads named `name` once every one is at `want`, or as they
-/// are after five seconds: a thread sets its level as it starts, which may be after the
-/// state it is waited on says `running`.
-fn nice_levels_at(name: &str, want: i32) -> Vec<i32> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let found = nice_levels(name);
-        if (!found.is_empty() && found.iter().all(|&l| l == want))
-            || std::time::Instant::now() > deadline
-        {
-            return found;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// `restart-nice`: the supervisor's thread runs at its own nice level, the threads it

@@ -146,6 +146,7 @@ pub fn params(device: &str, addr: Ipv4Addr) -> IfaceConfig {
         poll_failure: Default::default(),
         busy_poll: Default::default(),
         rx_aqm: uipoib::runtime::config::DEFAULT_RX_AQM,
+        rx_boost_nice: None,
         neigh_view: Default::default(),
     }
 }

@@ -147,6 +147,7 @@ fn params(device: &str, addr: Ipv4Addr, m: u8, tx_batch: u32) -> IfaceConfig {
         // On, so that received frames can reach the AQM's TCP parse when a poll's queue
         // stands.
         rx_aqm: uipoib::iface::aqm::CODEL_INTERVAL,
+        rx_boost_nice: None,
         neigh_view: Default::default(),
     }
 }

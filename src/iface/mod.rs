@@ -5,6 +5,7 @@
 //! steps, as a [`Clock`] the caller passes).
 
 pub mod aqm;
+pub mod boost;
 pub mod interface;
 pub mod ledger;
 pub mod napi;

@@ -291,6 +291,8 @@ counters! {
     /// Polls that found nothing inside the busy-poll window and polled again instead of
     /// arming (`busy-poll-us`).
     busy_polls,
+    /// Times the poller raised its nice level for a receive backlog (`rx-boost-nice`).
+    rx_boosts,
     /// Times the TAP reader stopped because the send ring was full.
     tx_backpressure,
     /// TCP super-frames read from the TAP (segmentation offload).

@@ -28,9 +28,11 @@ use crossbeam_channel::Sender;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 
+use crate::iface::boost::{Change, RX_BOOST_HOLD, RxBoost};
 use crate::iface::napi::{Action, Napi, TxGate};
 use crate::iface::stats;
 use crate::iface::{Failure, Interface};
+use crate::sys::process;
 use crate::tap::TapDevice;
 use crate::verbs::{AsyncEvent, Endpoint, WaitFds};
 
@@ -390,6 +392,7 @@ fn run(
     let mut events = Events::with_capacity(64);
     let mut next_hk = Instant::now() + HOUSEKEEPING_INTERVAL;
     let mut published = Published::default();
+    let mut boost = Boost::new(&name, iface.rx_boost_nice());
     iface.announce_once(Instant::now());
     let result: Result<(), Failure> = (|| {
         // A restart posted a first chunk of the receive ring before its announcement
@@ -412,6 +415,10 @@ fn run(
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(Failure::Io(e)),
+            }
+            if let Some(b) = &mut boost {
+                let change = b.rule.expire(Instant::now());
+                Boost::apply(&mut boost, change, &name, &iface);
             }
             for ev in events.iter() {
                 match ev.token() {
@@ -475,6 +482,7 @@ fn run(
             let now = Instant::now();
             if napi.poll_due() {
                 let rx = iface.poll_rx(tap, now)?;
+                Boost::polled(&mut boost, rx, now, &name, &iface);
                 let tx = iface.poll_tx(now)?;
                 match napi.polled(rx, tx, now) {
                     Action::ArmAndRecheck => {
@@ -496,6 +504,7 @@ fn run(
                         // restarts, no ping after it): not kept until that is understood.
                         iface.arm_cqs()?;
                         let rx = iface.poll_rx(tap, now)?;
+                        Boost::polled(&mut boost, rx, now, &name, &iface);
                         let tx = iface.poll_tx(now)?;
                         napi.polled(rx, tx, now);
                     }
@@ -567,6 +576,66 @@ fn gid_check(name: &str, ep: &mut dyn Endpoint) -> Result<(), Failure> {
 
 /// What this poller has already added to the interface's counters (which outlive
 /// pollers across restarts): each publish adds only what is new.
+/// The poller's side of `rx-boost-nice` ([`crate::iface::boost`]): the decision and the
+/// two levels it moves the thread between.
+struct Boost {
+    rule: RxBoost,
+    raised: i32,
+    own: i32,
+}
+
+impl Boost {
+    /// `None` when there is nothing to do: no level asked for, or one not below the
+    /// thread's own (read here: the thread set it first thing, see [`PollerThread`]).
+    fn new(name: &str, level: Option<i32>) -> Option<Boost> {
+        let raised = level?;
+        let own = match process::thread_nice() {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(iface = %name, error = %e, "rx-boost-nice: reading the poller's nice level failed: no boost");
+                return None;
+            }
+        };
+        if raised >= own {
+            tracing::debug!(iface = %name, nice = raised, own, "rx-boost-nice is not below the poller's own level: no boost");
+            return None;
+        }
+        Some(Boost {
+            rule: RxBoost::new(RX_BOOST_HOLD),
+            raised,
+            own,
+        })
+    }
+
+    /// A poll delivered `rx` received frames.
+    fn polled(boost: &mut Option<Boost>, rx: usize, now: Instant, name: &str, iface: &Interface) {
+        if let Some(b) = boost {
+            let change = b.rule.polled(rx, now);
+            Boost::apply(boost, change, name, iface);
+        }
+    }
+
+    /// Set the thread's level as `change` says. A refused change ends the boosting (a
+    /// raise is refused without CAP_SYS_NICE or a RLIMIT_NICE that allows it).
+    fn apply(boost: &mut Option<Boost>, change: Option<Change>, name: &str, iface: &Interface) {
+        let (Some(b), Some(change)) = (boost.as_ref(), change) else {
+            return;
+        };
+        let level = match change {
+            Change::Raise => b.raised,
+            Change::Lower => b.own,
+        };
+        match process::set_thread_nice(level) {
+            Ok(()) if change == Change::Raise => stats::add(&iface.stats().rx_boosts, 1),
+            Ok(()) => {}
+            Err(e) => {
+                tracing::warn!(iface = %name, error = %e, nice = level, ?change, "rx-boost-nice: setting the poller's nice level failed (raising it needs CAP_SYS_NICE or a RLIMIT_NICE that allows it): no boost from now on");
+                *boost = None;
+            }
+        }
+    }
+}
+
 #[derive(Default)]
 struct Published {
     napi: crate::iface::napi::NapiCounters,

@@ -162,6 +162,7 @@ pub fn params(device: &str, addr: &str, recv: u32, send: u32) -> IfaceConfig {
         // Off, as by default: these tests count every frame delivered, on hosts of any
         // speed; the AQM has its own tests (src/iface/aqm.rs, tests/rx_aqm.rs).
         rx_aqm: std::time::Duration::ZERO,
+        rx_boost_nice: None,
         neigh_view: Default::default(),
     }
 }
@@ -232,4 +233,39 @@ pub fn introduce(
     b.poll_tx(now).unwrap();
     assert!(a.neighbours().by_ip(b_ip).is_some());
     assert!(b.neighbours().by_ip(a_ip).is_some());
+}
+
+/// The nice level of each of this process's threads named `name`.
+pub fn nice_levels(name: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() != name {
+            continue;
+        }
+        // A thread that ends between the two reads is gone: skipped.
+        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+            continue;
+        };
+        // After the command's closing parenthesis: the state is field 3, nice field 19.
+        let rest = &stat[stat.rfind(')').unwrap() + 1..];
+        found.push(rest.split_whitespace().nth(16).unwrap().parse().unwrap());
+    }
+    found
+}
+
+/// The nice levels of the threads named `name` once every one is at `want`, or as they
+/// are after five seconds: a thread sets its level as it starts, which may be after the
+/// state it is waited on says `running`.
+pub fn nice_levels_at(name: &str, want: i32) -> Vec<i32> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let found = nice_levels(name);
+        if (!found.is_empty() && found.iter().all(|&l| l == want))
+            || std::time::Instant::now() > deadline
+        {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }

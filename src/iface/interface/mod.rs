@@ -91,6 +91,9 @@ pub struct IfaceConfig {
     /// The receive queue's active queue management interval (zero: off; see
     /// [`crate::iface::aqm`]).
     pub rx_aqm: Duration,
+    /// The poller's nice level while received frames queue up (`None`: its own; see
+    /// [`crate::iface::boost`]).
+    pub rx_boost_nice: Option<i32>,
     /// Where every epoch publishes its neighbour table at housekeeping (for the
     /// control socket's `neigh`); shared by the clones of this configuration.
     pub neigh_view: NeighView,
@@ -317,6 +320,7 @@ pub struct Interface {
     log: RateLimit,
     tx_timeout: Duration,
     busy_poll: Duration,
+    rx_boost_nice: Option<i32>,
     /// The receive queue's CoDel state.
     aqm: RxAqm,
     /// Set while `close` drains flushes (expected then).
@@ -505,6 +509,7 @@ impl Interface {
             log: RateLimit::new(10),
             tx_timeout: p.tx_timeout,
             busy_poll: p.busy_poll,
+            rx_boost_nice: p.rx_boost_nice,
             aqm: RxAqm::new(p.rx_aqm),
             draining: false,
             untrusted: false,
@@ -584,6 +589,11 @@ impl Interface {
     /// The busy-poll window (zero: off).
     pub fn busy_poll(&self) -> Duration {
         self.busy_poll
+    }
+
+    /// The poller's nice level while received frames queue up (`None`: its own).
+    pub fn rx_boost_nice(&self) -> Option<i32> {
+        self.rx_boost_nice
     }
 
     /// Counters.

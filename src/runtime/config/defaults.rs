@@ -47,6 +47,10 @@ pub const MAX_BUSY_POLL_US: u64 = 100_000;
 /// under TCP, and its AQM".
 pub const DEFAULT_RX_AQM: Duration = Duration::ZERO;
 
+/// The poller's nice level while received frames queue up ([`crate::iface::boost`]):
+/// none (the daemon's own) by default.
+pub const DEFAULT_RX_BOOST_NICE: Option<i64> = None;
+
 /// The longest receive-queue AQM interval accepted, in milliseconds.
 pub const MAX_RX_AQM_MS: u64 = 10_000;
 

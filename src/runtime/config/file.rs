@@ -41,6 +41,8 @@ pub struct ConfigKeys {
     pub busy_poll_us: Option<u64>,
     /// Receive-queue AQM interval, in milliseconds (0: off).
     pub rx_aqm_ms: Option<u64>,
+    /// The poller's nice level while received frames queue up (-20..=19).
+    pub rx_boost_nice: Option<i64>,
     /// Q_Key.
     pub qkey: Option<u32>,
     /// Broadcast group (IPv4 multicast address or a multicast GID).
@@ -125,6 +127,7 @@ impl ConfigKeys {
             tx_batch: self.tx_batch.or(other.tx_batch),
             busy_poll_us: self.busy_poll_us.or(other.busy_poll_us),
             rx_aqm_ms: self.rx_aqm_ms.or(other.rx_aqm_ms),
+            rx_boost_nice: self.rx_boost_nice.or(other.rx_boost_nice),
             qkey: self.qkey.or(other.qkey),
             group: self.group.or(other.group),
             neigh_capacity: self.neigh_capacity.or(other.neigh_capacity),

@@ -242,6 +242,13 @@ fn each_bad_value_names_its_key() {
             },
             "restart-nice",
         ),
+        (
+            ConfigKeys {
+                rx_boost_nice: Some(-21),
+                ..base()
+            },
+            "rx-boost-nice",
+        ),
     ];
     for (cfg, key) in cases {
         match Config::from_keys(cfg.clone()) {
@@ -312,6 +319,27 @@ fn restart_nice_is_a_nice_level_or_a_named_error() {
     }
     let err = c("restart-nice = \"high\"\n").unwrap_err();
     assert!(err.contains("restart-nice"), "{err}");
+}
+
+#[test]
+fn rx_boost_nice_reaches_the_interface_or_is_a_named_error() {
+    let text = "device = \"rxe0\"\ntap = \"uip0\"\naddr = \"198.18.1.1/24\"\n";
+    let c = |extra: &str| ConfigKeys::parse(&format!("{text}{extra}")).map(Config::from_keys);
+    let default = c("").unwrap().unwrap();
+    assert_eq!(
+        default.rx_boost_nice,
+        DEFAULT_RX_BOOST_NICE.map(|n| n as i32)
+    );
+    let set = c("rx-boost-nice = -7\n").unwrap().unwrap();
+    assert_eq!(set.iface_config().rx_boost_nice, Some(-7));
+    assert!(set.plan().contains("queue up: -7"), "{}", set.plan());
+    match c("rx-boost-nice = 20\n").unwrap() {
+        Err(ConfigError::Invalid { key, why }) => {
+            assert_eq!(key, "rx-boost-nice");
+            assert!(why.contains("20 is outside -20..=19"), "{why}");
+        }
+        other => panic!("expected an error for rx-boost-nice, got {other:?}"),
+    }
 }
 
 #[test]

@@ -49,6 +49,9 @@ pub struct Config {
     pub busy_poll: Duration,
     /// The receive queue's AQM interval (zero: off; [`crate::iface::aqm`]).
     pub rx_aqm: Duration,
+    /// The poller's nice level while a poll finds more than one received frame (`None`:
+    /// its own; [`crate::iface::boost`]).
+    pub rx_boost_nice: Option<i32>,
     /// Q_Key.
     pub qkey: u32,
     /// Broadcast group GID.
@@ -302,6 +305,19 @@ impl Config {
                 ),
             });
         }
+        let rx_boost_nice = match f.rx_boost_nice.or(DEFAULT_RX_BOOST_NICE) {
+            None => None,
+            Some(n) if (-20..=19).contains(&n) => Some(n as i32),
+            Some(n) => {
+                return Err(ConfigError::Invalid {
+                    key: "rx-boost-nice",
+                    why: format!(
+                        "{n} is outside -20..=19 (the poller's nice level while received \
+                         frames queue up; a level not below the daemon's changes nothing)"
+                    ),
+                });
+            }
+        };
         let restart_nice = match f.restart_nice {
             None => DEFAULT_RESTART_NICE,
             Some(n) if (-20..=19).contains(&n) => Some(n as i32),
@@ -438,6 +454,7 @@ impl Config {
             tx_batch,
             busy_poll: Duration::from_micros(busy_poll_us),
             rx_aqm: Duration::from_millis(rx_aqm_ms),
+            rx_boost_nice,
             qkey,
             group,
             neigh_capacity,
@@ -551,6 +568,16 @@ impl Config {
             Some(n) => writeln!(t, "  restart supervisor's nice level: {n}"),
             None => writeln!(t, "  restart supervisor's nice level: the daemon's"),
         };
+        let _ = match self.rx_boost_nice {
+            Some(n) => writeln!(
+                t,
+                "  poller's nice level while received frames queue up: {n} (if below the daemon's)"
+            ),
+            None => writeln!(
+                t,
+                "  poller's nice level while received frames queue up: the daemon's"
+            ),
+        };
         let _ = writeln!(
             t,
             "  neighbours: up to {}, forgotten after {} s idle",
@@ -587,6 +614,7 @@ impl Config {
             poll_failure: self.poll_failure,
             busy_poll: self.busy_poll,
             rx_aqm: self.rx_aqm,
+            rx_boost_nice: self.rx_boost_nice,
             neigh_view: Default::default(),
         }
     }
