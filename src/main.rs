@@ -155,6 +155,11 @@ struct TuneArgs {
     /// needs CAP_SYS_NICE or a RLIMIT_NICE that allows it; one not below it does nothing.
     #[arg(long, value_name = "NICE", allow_negative_numbers = true)]
     rx_boost_nice: Option<i64>,
+    /// Run the poller thread under SCHED_BATCH: a wake-up of it (a TAP frame, a
+    /// completion) waits for the running task's turn instead of preempting it, so an
+    /// application writing to the TAP is not interrupted frame by frame: true or false.
+    #[arg(long, value_name = "BOOL")]
+    poller_batch: Option<bool>,
     /// Q_Key of the UD QP.
     #[arg(long, value_parser = parse_u32)]
     qkey: Option<u32>,
@@ -778,6 +783,7 @@ impl TuneArgs {
             busy_poll_us: self.busy_poll_us,
             rx_aqm_ms: self.rx_aqm_ms,
             rx_boost_nice: self.rx_boost_nice,
+            poller_batch: self.poller_batch,
             qkey: self.qkey,
             group: self.group.clone(),
             tap_offload: self.tap_offload,
@@ -839,6 +845,7 @@ fn flag_keys(a: &UpArgs) -> Vec<&'static str> {
         ("busy-poll-us", t.busy_poll_us.is_some()),
         ("rx-aqm-ms", t.rx_aqm_ms.is_some()),
         ("rx-boost-nice", t.rx_boost_nice.is_some()),
+        ("poller-batch", t.poller_batch.is_some()),
         ("qkey", t.qkey.is_some()),
         ("group", t.group.is_some()),
         ("tap-offload", t.tap_offload.is_some()),

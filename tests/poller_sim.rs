@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::{
     SockTap, arp_reply, arp_request, fabric, ipv4_frame, nice_levels, nice_levels_at, open, params,
+    policies,
 };
 use crossbeam_channel::unbounded;
 use uipoib::iface::{FLUSH_DEADLINE, Failure};
@@ -256,6 +257,49 @@ fn a_receive_backlog_raises_the_pollers_level_and_a_quiet_spell_lowers_it() {
             }
             Exit::Failed { cause, .. } => panic!("{name} failed: {cause}"),
             Exit::Panicked { message, .. } => panic!("{name}'s poller panicked: {message}"),
+        }
+        p.join();
+    }
+}
+
+/// `poller-batch`: the poller thread runs under SCHED_BATCH, its level kept; a poller
+/// without it keeps the daemon's policy.
+#[test]
+fn poller_batch_puts_the_poller_thread_alone_under_sched_batch() {
+    let sim = Arc::new(fabric(4096));
+    let mut pa = params("sim0", "198.18.2.1/24", 64, 32);
+    pa.poller_batch = true;
+    let a = uipoib::iface::Interface::open(
+        sim.as_ref(),
+        &pa,
+        Arc::new(uipoib::iface::stats::Stats::default()),
+        1,
+        &mut None,
+    )
+    .unwrap();
+    let b = open(sim.as_ref(), "sim1", "198.18.2.2/24", 64, 32);
+    let (tx, rx) = unbounded();
+    let (ta, tb) = (SockTap::new(), SockTap::new());
+    let base = uipoib::sys::process::thread_nice().unwrap();
+    let mine = uipoib::sys::process::thread_policy().unwrap();
+    let pa = Poller::spawn("batch".into(), a, ta.clone(), tx.clone()).unwrap();
+    let pb = Poller::spawn("other".into(), b, tb.clone(), tx).unwrap();
+    // A thread names itself and sets its policy as it starts: given a moment.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while (policies("poll-batch") != vec![libc::SCHED_BATCH] || policies("poll-other").is_empty())
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(policies("poll-batch"), vec![libc::SCHED_BATCH]);
+    assert_eq!(nice_levels("poll-batch"), vec![base]);
+    assert_eq!(policies("poll-other"), vec![mine]);
+    for p in [pa, pb] {
+        p.stop();
+        match rx.recv_timeout(Duration::from_secs(5)).unwrap() {
+            Exit::Stopped { iface, .. } => iface.close(FLUSH_DEADLINE).0.ledger.unwrap(),
+            Exit::Failed { cause, .. } => panic!("failed: {cause}"),
+            Exit::Panicked { message, .. } => panic!("panicked: {message}"),
         }
         p.join();
     }

@@ -130,6 +130,7 @@ fn config(i: usize, neigh_capacity: u32, send_slots: u32) -> IfaceConfig {
         busy_poll: Default::default(),
         rx_aqm: uipoib::runtime::config::DEFAULT_RX_AQM,
         rx_boost_nice: None,
+        poller_batch: false,
         neigh_view: Default::default(),
     }
 }

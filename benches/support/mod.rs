@@ -147,6 +147,7 @@ pub fn params(device: &str, addr: Ipv4Addr) -> IfaceConfig {
         busy_poll: Default::default(),
         rx_aqm: uipoib::runtime::config::DEFAULT_RX_AQM,
         rx_boost_nice: None,
+        poller_batch: false,
         neigh_view: Default::default(),
     }
 }

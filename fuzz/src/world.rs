@@ -148,6 +148,7 @@ fn params(device: &str, addr: Ipv4Addr, m: u8, tx_batch: u32) -> IfaceConfig {
         // stands.
         rx_aqm: uipoib::iface::aqm::CODEL_INTERVAL,
         rx_boost_nice: None,
+        poller_batch: false,
         neigh_view: Default::default(),
     }
 }

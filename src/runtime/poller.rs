@@ -392,6 +392,11 @@ fn run(
     let mut events = Events::with_capacity(64);
     let mut next_hk = Instant::now() + HOUSEKEEPING_INTERVAL;
     let mut published = Published::default();
+    if iface.poller_batch()
+        && let Err(e) = process::set_thread_batch()
+    {
+        tracing::warn!(iface = %name, error = %e, "poller-batch: putting the poller under SCHED_BATCH failed: it runs at the daemon's policy");
+    }
     let mut boost = Boost::new(&name, iface.rx_boost_nice());
     iface.announce_once(Instant::now());
     let result: Result<(), Failure> = (|| {

@@ -144,9 +144,49 @@ pub fn set_thread_nice(level: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// Put the calling thread under `SCHED_BATCH` (its nice level kept): the scheduler then
+/// lets a wake-up of this thread wait for the running task's turn instead of preempting
+/// it. Allowed without privilege; threads it starts afterwards inherit it.
+pub fn set_thread_batch() -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sched_setscheduler(2) reads one `sched_param` through the pointer, which
+    // points to a live local; pid 0 is the calling thread.
+    let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The calling thread's scheduling policy (`SCHED_OTHER`, `SCHED_BATCH`, ...).
+pub fn thread_policy() -> io::Result<i32> {
+    // SAFETY: sched_getscheduler(2) takes an integer and touches no memory; pid 0 is the
+    // calling thread.
+    let r = unsafe { libc::sched_getscheduler(0) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batch_is_the_calling_threads_alone_and_keeps_its_nice_level() {
+        let mine = thread_policy().unwrap();
+        let here = thread_nice().unwrap();
+        let (policy, nice) = std::thread::spawn(|| {
+            set_thread_batch().unwrap();
+            (thread_policy().unwrap(), thread_nice().unwrap())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(policy, libc::SCHED_BATCH);
+        assert_eq!(nice, here);
+        assert_eq!(thread_policy().unwrap(), mine, "the others keep theirs");
+    }
 
     #[test]
     fn a_threads_nice_level_is_its_own_and_its_children_inherit_it() {

@@ -163,6 +163,7 @@ pub fn params(device: &str, addr: &str, recv: u32, send: u32) -> IfaceConfig {
         // speed; the AQM has its own tests (src/iface/aqm.rs, tests/rx_aqm.rs).
         rx_aqm: std::time::Duration::ZERO,
         rx_boost_nice: None,
+        poller_batch: false,
         neigh_view: Default::default(),
     }
 }
@@ -237,6 +238,19 @@ pub fn introduce(
 
 /// The nice level of each of this process's threads named `name`.
 pub fn nice_levels(name: &str) -> Vec<i32> {
+    // After the command's closing parenthesis: the state is field 3, nice field 19.
+    stat_fields(name, 16)
+}
+
+/// The scheduling policy of each of this process's threads named `name` (`SCHED_OTHER`
+/// 0, `SCHED_BATCH` 3).
+pub fn policies(name: &str) -> Vec<i32> {
+    // Field 41 of /proc's stat.
+    stat_fields(name, 38)
+}
+
+/// Field `at` (counted from the state, 0) of /proc's stat of each thread named `name`.
+fn stat_fields(name: &str, at: usize) -> Vec<i32> {
     let mut found = Vec::new();
     for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
         let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
@@ -247,9 +261,8 @@ pub fn nice_levels(name: &str) -> Vec<i32> {
         let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
             continue;
         };
-        // After the command's closing parenthesis: the state is field 3, nice field 19.
         let rest = &stat[stat.rfind(')').unwrap() + 1..];
-        found.push(rest.split_whitespace().nth(16).unwrap().parse().unwrap());
+        found.push(rest.split_whitespace().nth(at).unwrap().parse().unwrap());
     }
     found
 }

@@ -94,6 +94,8 @@ pub struct IfaceConfig {
     /// The poller's nice level while received frames queue up (`None`: its own; see
     /// [`crate::iface::boost`]).
     pub rx_boost_nice: Option<i32>,
+    /// The poller thread runs under `SCHED_BATCH`.
+    pub poller_batch: bool,
     /// Where every epoch publishes its neighbour table at housekeeping (for the
     /// control socket's `neigh`); shared by the clones of this configuration.
     pub neigh_view: NeighView,
@@ -321,6 +323,7 @@ pub struct Interface {
     tx_timeout: Duration,
     busy_poll: Duration,
     rx_boost_nice: Option<i32>,
+    poller_batch: bool,
     /// The receive queue's CoDel state.
     aqm: RxAqm,
     /// Set while `close` drains flushes (expected then).
@@ -510,6 +513,7 @@ impl Interface {
             tx_timeout: p.tx_timeout,
             busy_poll: p.busy_poll,
             rx_boost_nice: p.rx_boost_nice,
+            poller_batch: p.poller_batch,
             aqm: RxAqm::new(p.rx_aqm),
             draining: false,
             untrusted: false,
@@ -594,6 +598,11 @@ impl Interface {
     /// The poller's nice level while received frames queue up (`None`: its own).
     pub fn rx_boost_nice(&self) -> Option<i32> {
         self.rx_boost_nice
+    }
+
+    /// Whether the poller thread runs under `SCHED_BATCH`.
+    pub fn poller_batch(&self) -> bool {
+        self.poller_batch
     }
 
     /// Counters.

@@ -51,6 +51,9 @@ pub const DEFAULT_RX_AQM: Duration = Duration::ZERO;
 /// none (the daemon's own) by default.
 pub const DEFAULT_RX_BOOST_NICE: Option<i64> = None;
 
+/// The poller thread under `SCHED_BATCH`: off by default.
+pub const DEFAULT_POLLER_BATCH: bool = false;
+
 /// The longest receive-queue AQM interval accepted, in milliseconds.
 pub const MAX_RX_AQM_MS: u64 = 10_000;
 

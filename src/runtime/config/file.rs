@@ -43,6 +43,8 @@ pub struct ConfigKeys {
     pub rx_aqm_ms: Option<u64>,
     /// The poller's nice level while received frames queue up (-20..=19).
     pub rx_boost_nice: Option<i64>,
+    /// Run the poller thread under `SCHED_BATCH`.
+    pub poller_batch: Option<bool>,
     /// Q_Key.
     pub qkey: Option<u32>,
     /// Broadcast group (IPv4 multicast address or a multicast GID).
@@ -128,6 +130,7 @@ impl ConfigKeys {
             busy_poll_us: self.busy_poll_us.or(other.busy_poll_us),
             rx_aqm_ms: self.rx_aqm_ms.or(other.rx_aqm_ms),
             rx_boost_nice: self.rx_boost_nice.or(other.rx_boost_nice),
+            poller_batch: self.poller_batch.or(other.poller_batch),
             qkey: self.qkey.or(other.qkey),
             group: self.group.or(other.group),
             neigh_capacity: self.neigh_capacity.or(other.neigh_capacity),

@@ -330,8 +330,13 @@ fn rx_boost_nice_reaches_the_interface_or_is_a_named_error() {
         default.rx_boost_nice,
         DEFAULT_RX_BOOST_NICE.map(|n| n as i32)
     );
-    let set = c("rx-boost-nice = -7\n").unwrap().unwrap();
+    assert_eq!(default.poller_batch, DEFAULT_POLLER_BATCH);
+    let set = c("rx-boost-nice = -7\npoller-batch = true\n")
+        .unwrap()
+        .unwrap();
     assert_eq!(set.iface_config().rx_boost_nice, Some(-7));
+    assert!(set.iface_config().poller_batch);
+    assert!(set.plan().contains("policy: SCHED_BATCH"), "{}", set.plan());
     assert!(set.plan().contains("queue up: -7"), "{}", set.plan());
     match c("rx-boost-nice = 20\n").unwrap() {
         Err(ConfigError::Invalid { key, why }) => {

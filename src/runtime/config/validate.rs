@@ -52,6 +52,8 @@ pub struct Config {
     /// The poller's nice level while a poll finds more than one received frame (`None`:
     /// its own; [`crate::iface::boost`]).
     pub rx_boost_nice: Option<i32>,
+    /// The poller thread runs under `SCHED_BATCH` (its wake-ups do not preempt).
+    pub poller_batch: bool,
     /// Q_Key.
     pub qkey: u32,
     /// Broadcast group GID.
@@ -455,6 +457,7 @@ impl Config {
             busy_poll: Duration::from_micros(busy_poll_us),
             rx_aqm: Duration::from_millis(rx_aqm_ms),
             rx_boost_nice,
+            poller_batch: f.poller_batch.unwrap_or(DEFAULT_POLLER_BATCH),
             qkey,
             group,
             neigh_capacity,
@@ -580,6 +583,15 @@ impl Config {
         };
         let _ = writeln!(
             t,
+            "  poller's scheduling policy: {}",
+            if self.poller_batch {
+                "SCHED_BATCH (its wake-ups do not preempt)"
+            } else {
+                "the daemon's"
+            }
+        );
+        let _ = writeln!(
+            t,
             "  neighbours: up to {}, forgotten after {} s idle",
             self.neigh_capacity,
             self.neigh_max_age.as_secs()
@@ -615,6 +627,7 @@ impl Config {
             busy_poll: self.busy_poll,
             rx_aqm: self.rx_aqm,
             rx_boost_nice: self.rx_boost_nice,
+            poller_batch: self.poller_batch,
             neigh_view: Default::default(),
         }
     }
