@@ -47,12 +47,18 @@ pub const MAX_BUSY_POLL_US: u64 = 100_000;
 /// under TCP, and its AQM".
 pub const DEFAULT_RX_AQM: Duration = Duration::ZERO;
 
-/// The poller's nice level while received frames queue up ([`crate::iface::boost`]):
-/// none (the daemon's own) by default.
-pub const DEFAULT_RX_BOOST_NICE: Option<i64> = None;
+/// The poller's nice level while received frames queue up ([`crate::iface::boost`]): -10,
+/// as the restart supervisor's (the systemd unit's `LimitNICE=-10` allows both). With
+/// [`DEFAULT_POLLER_BATCH`], in the lab's one-vCPU guests, TCP 0.99-1.21 x `ib_send_bw`
+/// against 0.78-0.82 without, lossless UDP with 4 MiB buffers 0.78-0.97 against 0.50,
+/// `tcp_lat` unchanged; -5 carried TCP 0.77x of -10's: docs/PERFORMANCE.md, "The poller
+/// raised while frames queue up".
+pub const DEFAULT_RX_BOOST_NICE: Option<i64> = Some(-10);
 
-/// The poller thread under `SCHED_BATCH`: off by default.
-pub const DEFAULT_POLLER_BATCH: bool = false;
+/// The poller thread under `SCHED_BATCH`: on. Beside `rx-boost-nice` it carried TCP
+/// 1.13-1.17x in the same reps (the sender's poller, woken by each frame its application
+/// writes, no longer preempts it).
+pub const DEFAULT_POLLER_BATCH: bool = true;
 
 /// The longest receive-queue AQM interval accepted, in milliseconds.
 pub const MAX_RX_AQM_MS: u64 = 10_000;

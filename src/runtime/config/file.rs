@@ -41,7 +41,8 @@ pub struct ConfigKeys {
     pub busy_poll_us: Option<u64>,
     /// Receive-queue AQM interval, in milliseconds (0: off).
     pub rx_aqm_ms: Option<u64>,
-    /// The poller's nice level while received frames queue up (-20..=19).
+    /// The poller's nice level while received frames queue up (-20..=19; one not below
+    /// the daemon's turns it off).
     pub rx_boost_nice: Option<i64>,
     /// Run the poller thread under `SCHED_BATCH`.
     pub poller_batch: Option<bool>,

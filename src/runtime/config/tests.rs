@@ -299,6 +299,8 @@ fn shipped_example_config_is_valid() {
     assert_eq!(c.qkey, DEFAULT_QKEY);
     assert_eq!(c.group, Gid::from_ipv4(DEFAULT_GROUP));
     assert_eq!(c.restart_nice, DEFAULT_RESTART_NICE);
+    assert_eq!(c.rx_boost_nice, DEFAULT_RX_BOOST_NICE.map(|n| n as i32));
+    assert_eq!(c.poller_batch, DEFAULT_POLLER_BATCH);
 }
 
 #[test]
