@@ -579,8 +579,6 @@ fn gid_check(name: &str, ep: &mut dyn Endpoint) -> Result<(), Failure> {
     })
 }
 
-/// What this poller has already added to the interface's counters (which outlive
-/// pollers across restarts): each publish adds only what is new.
 /// The poller's side of `rx-boost-nice` ([`crate::iface::boost`]): the decision and the
 /// two levels it moves the thread between.
 struct Boost {
@@ -641,6 +639,8 @@ impl Boost {
     }
 }
 
+/// What this poller has already added to the interface's counters (which outlive
+/// pollers across restarts): each publish adds only what is new.
 #[derive(Default)]
 struct Published {
     napi: crate::iface::napi::NapiCounters,
