@@ -53,7 +53,7 @@ pub const DEFAULT_RX_AQM: Duration = Duration::ZERO;
 /// against 0.78-0.82 without, lossless UDP with 4 MiB buffers 0.78-0.97 against 0.50,
 /// `tcp_lat` unchanged; -5 carried TCP 0.77x of -10's: docs/PERFORMANCE.md, "The poller
 /// raised while frames queue up".
-pub const DEFAULT_RX_BOOST_NICE: Option<i64> = Some(-10);
+pub const DEFAULT_RX_BOOST_NICE: Option<i32> = Some(-10);
 
 /// The poller thread under `SCHED_BATCH`: on. Beside `rx-boost-nice` it carried TCP
 /// 1.13-1.17x in the same reps (the sender's poller, woken by each frame its application

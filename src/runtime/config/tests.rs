@@ -299,7 +299,7 @@ fn shipped_example_config_is_valid() {
     assert_eq!(c.qkey, DEFAULT_QKEY);
     assert_eq!(c.group, Gid::from_ipv4(DEFAULT_GROUP));
     assert_eq!(c.restart_nice, DEFAULT_RESTART_NICE);
-    assert_eq!(c.rx_boost_nice, DEFAULT_RX_BOOST_NICE.map(|n| n as i32));
+    assert_eq!(c.rx_boost_nice, DEFAULT_RX_BOOST_NICE);
     assert_eq!(c.poller_batch, DEFAULT_POLLER_BATCH);
 }
 
@@ -328,10 +328,7 @@ fn rx_boost_nice_reaches_the_interface_or_is_a_named_error() {
     let text = "device = \"rxe0\"\ntap = \"uip0\"\naddr = \"198.18.1.1/24\"\n";
     let c = |extra: &str| ConfigKeys::parse(&format!("{text}{extra}")).map(Config::from_keys);
     let default = c("").unwrap().unwrap();
-    assert_eq!(
-        default.rx_boost_nice,
-        DEFAULT_RX_BOOST_NICE.map(|n| n as i32)
-    );
+    assert_eq!(default.rx_boost_nice, DEFAULT_RX_BOOST_NICE);
     assert_eq!(default.poller_batch, DEFAULT_POLLER_BATCH);
     let set = c("rx-boost-nice = -7\npoller-batch = true\n")
         .unwrap()

@@ -219,6 +219,18 @@ fn parse_addrs(list: &[String]) -> Result<(Ipv4Cidr, Vec<Ipv6Cidr>), ConfigError
     Ok((v4, v6))
 }
 
+/// A nice level from the configuration (-20..=19), or the error that names `key` and says
+/// `what` the level is for.
+fn nice_level(key: &'static str, n: i64, what: &str) -> Result<i32, ConfigError> {
+    match i32::try_from(n) {
+        Ok(level) if (-20..=19).contains(&level) => Ok(level),
+        _ => Err(ConfigError::Invalid {
+            key,
+            why: format!("{n} is outside -20..=19 ({what})"),
+        }),
+    }
+}
+
 impl Config {
     /// Validate a merged set of keys.
     pub fn from_keys(f: ConfigKeys) -> Result<Config, ConfigError> {
@@ -307,32 +319,29 @@ impl Config {
                 ),
             });
         }
-        let rx_boost_nice = match f.rx_boost_nice.or(DEFAULT_RX_BOOST_NICE) {
-            None => None,
-            Some(n) if (-20..=19).contains(&n) => Some(n as i32),
-            Some(n) => {
-                return Err(ConfigError::Invalid {
-                    key: "rx-boost-nice",
-                    why: format!(
-                        "{n} is outside -20..=19 (the poller's nice level while received \
-                         frames queue up; a level not below the daemon's changes nothing)"
-                    ),
-                });
-            }
-        };
-        let restart_nice = match f.restart_nice {
-            None => DEFAULT_RESTART_NICE,
-            Some(n) if (-20..=19).contains(&n) => Some(n as i32),
-            Some(n) => {
-                return Err(ConfigError::Invalid {
-                    key: "restart-nice",
-                    why: format!(
-                        "{n} is outside -20..=19 (the restart supervisor's nice level; lower \
-                         runs it before the rest)"
-                    ),
-                });
-            }
-        };
+        let rx_boost_nice = f
+            .rx_boost_nice
+            .map(|n| {
+                nice_level(
+                    "rx-boost-nice",
+                    n,
+                    "the poller's nice level while received frames queue up; a level not \
+                     below the daemon's changes nothing",
+                )
+            })
+            .transpose()?
+            .or(DEFAULT_RX_BOOST_NICE);
+        let restart_nice = f
+            .restart_nice
+            .map(|n| {
+                nice_level(
+                    "restart-nice",
+                    n,
+                    "the restart supervisor's nice level; lower runs it before the rest",
+                )
+            })
+            .transpose()?
+            .or(DEFAULT_RESTART_NICE);
         let qkey = f.qkey.unwrap_or(DEFAULT_QKEY);
         if qkey & 0x8000_0000 != 0 {
             return Err(ConfigError::Invalid {
