@@ -421,10 +421,6 @@ fn run(
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(Failure::Io(e)),
             }
-            if let Some(b) = &mut boost {
-                let change = b.rule.expire(Instant::now());
-                Boost::apply(&mut boost, change, &name, &iface);
-            }
             for ev in events.iter() {
                 match ev.token() {
                     TAP => gate.on_readable(),
@@ -485,6 +481,11 @@ fn run(
                 _ => {}
             }
             let now = Instant::now();
+            // A raised level whose hold is over comes down before anything is delivered.
+            if let Some(b) = &mut boost {
+                let change = b.rule.expire(now);
+                Boost::apply(&mut boost, change, &name, &iface);
+            }
             if napi.poll_due() {
                 let rx = iface.poll_rx(tap, now)?;
                 Boost::polled(&mut boost, rx, now, &name, &iface);
