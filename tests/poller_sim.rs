@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{
-    SockTap, arp_reply, arp_request, fabric, ipv4_frame, nice_levels, nice_levels_at, open, params,
-    policies,
+    SockTap, arp_reply, arp_request, fabric, ipv4_frame, nice_levels, nice_levels_at, open,
+    open_with, params, policies,
 };
 use crossbeam_channel::unbounded;
 use uipoib::iface::{FLUSH_DEADLINE, Failure};
@@ -19,10 +19,33 @@ use uipoib::tap::TapDevice;
 use uipoib::verbs::VerbsError;
 use uipoib::verbs::fault::{Fault, FaultSpec, FaultyProvider};
 use uipoib::wire::arp::EthArp;
-use uipoib::wire::eth;
+use uipoib::wire::eth::{self, Mac};
 
 const A_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 2, 1);
 const B_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 2, 2);
+
+/// The ARP message in an Ethernet frame, if it is one.
+fn arp_of(f: &[u8]) -> Option<EthArp> {
+    eth::parse_frame(f)
+        .ok()
+        .and_then(|(_, p)| EthArp::parse(p).ok())
+}
+
+/// One ARP exchange through two running pollers: the asking side's kernel asks for the
+/// other's address, the other side's kernel sees the request and answers, and the
+/// answer reaches the asker.
+fn arp_exchange(ask: (&SockTap, Mac, Ipv4Addr), answer: (&SockTap, Mac, Ipv4Addr)) {
+    let (ask_tap, ask_mac, ask_ip) = ask;
+    let (answer_tap, answer_mac, answer_ip) = answer;
+    ask_tap.inject(&arp_request(ask_mac, ask_ip, answer_ip));
+    wait_frame(answer_tap, "ARP request", |f| {
+        arp_of(f).is_some_and(|a| a.tpa == answer_ip && a.spa == ask_ip)
+    });
+    answer_tap.inject(&arp_reply(answer_mac, answer_ip, ask_mac, ask_ip));
+    wait_frame(ask_tap, "ARP reply", |f| {
+        arp_of(f).is_some_and(|a| a.spa == answer_ip && a.op == 2)
+    });
+}
 
 /// Wait for the next frame on `tap` that satisfies `pred`.
 fn wait_frame(tap: &SockTap, what: &str, pred: impl Fn(&[u8]) -> bool) -> Vec<u8> {
@@ -55,26 +78,10 @@ fn traffic_flows_then_a_failed_poll_hands_the_interface_over() {
     // Each poller announces itself with a gratuitous ARP at start; the other side's
     // kernel sees it.
     wait_frame(&tb, "A's gratuitous ARP", |f| {
-        eth::parse_frame(f)
-            .ok()
-            .and_then(|(_, p)| EthArp::parse(p).ok())
-            .is_some_and(|a| a.spa == A_IP && a.tpa == A_IP)
+        arp_of(f).is_some_and(|a| a.spa == A_IP && a.tpa == A_IP)
     });
 
-    ta.inject(&arp_request(a_mac, A_IP, B_IP));
-    wait_frame(&tb, "ARP request", |f| {
-        eth::parse_frame(f)
-            .ok()
-            .and_then(|(_, p)| EthArp::parse(p).ok())
-            .is_some_and(|a| a.tpa == B_IP && a.spa == A_IP)
-    });
-    tb.inject(&arp_reply(b_mac, B_IP, a_mac, A_IP));
-    wait_frame(&ta, "ARP reply", |f| {
-        eth::parse_frame(f)
-            .ok()
-            .and_then(|(_, p)| EthArp::parse(p).ok())
-            .is_some_and(|a| a.spa == B_IP && a.op == 2)
-    });
+    arp_exchange((&ta, a_mac, A_IP), (&tb, b_mac, B_IP));
     for i in 0..200u32 {
         let body = i.to_be_bytes().repeat(200);
         ta.inject(&ipv4_frame(b_mac, a_mac, A_IP, B_IP, &body));
@@ -161,14 +168,7 @@ fn a_receive_backlog_raises_the_pollers_level_and_a_quiet_spell_lowers_it() {
     pa.budget = 64;
     let faulty = FaultyProvider::new(sim.clone());
     let switch = faulty.switch();
-    let a = uipoib::iface::Interface::open(
-        &faulty,
-        &pa,
-        Arc::new(uipoib::iface::stats::Stats::default()),
-        1,
-        &mut None,
-    )
-    .unwrap();
+    let a = open_with(&faulty, &pa);
     let b = open(sim.as_ref(), "sim1", "198.18.2.2/24", 64, 32);
     let (a_mac, b_mac) = (a.mac(), b.mac());
     let (sa, sb) = (a.stats().clone(), b.stats().clone());
@@ -180,20 +180,7 @@ fn a_receive_backlog_raises_the_pollers_level_and_a_quiet_spell_lowers_it() {
     let pb = Poller::spawn("plain".into(), b, db, tx).unwrap();
     assert_eq!(nice_levels_at("poll-boost", base), vec![base]);
 
-    tb.inject(&arp_request(b_mac, B_IP, A_IP));
-    wait_frame(&ta, "ARP request", |f| {
-        eth::parse_frame(f)
-            .ok()
-            .and_then(|(_, p)| EthArp::parse(p).ok())
-            .is_some_and(|a| a.tpa == A_IP && a.spa == B_IP)
-    });
-    ta.inject(&arp_reply(a_mac, A_IP, b_mac, B_IP));
-    wait_frame(&tb, "ARP reply", |f| {
-        eth::parse_frame(f)
-            .ok()
-            .and_then(|(_, p)| EthArp::parse(p).ok())
-            .is_some_and(|a| a.spa == A_IP && a.op == 2)
-    });
+    arp_exchange((&tb, b_mac, B_IP), (&ta, a_mac, A_IP));
     // The start's announcements may have arrived together (a backlog of two): past the
     // hold, one frame at a time, each delivered before the next: no backlog, no boost.
     std::thread::sleep(Duration::from_millis(150));
@@ -269,14 +256,7 @@ fn poller_batch_puts_the_poller_thread_alone_under_sched_batch() {
     let sim = Arc::new(fabric(4096));
     let mut pa = params("sim0", "198.18.2.1/24", 64, 32);
     pa.poller_batch = true;
-    let a = uipoib::iface::Interface::open(
-        sim.as_ref(),
-        &pa,
-        Arc::new(uipoib::iface::stats::Stats::default()),
-        1,
-        &mut None,
-    )
-    .unwrap();
+    let a = open_with(sim.as_ref(), &pa);
     let b = open(sim.as_ref(), "sim1", "198.18.2.2/24", 64, 32);
     let (tx, rx) = unbounded();
     let (ta, tb) = (SockTap::new(), SockTap::new());

@@ -196,18 +196,16 @@ pub fn open6(
 ) -> Interface {
     let mut params = params(dev, addr, recv, send);
     params.addr6 = vec![addr6.parse().unwrap()];
-    Interface::open(p, &params, Arc::new(Stats::default()), 1, &mut None).unwrap()
+    open_with(p, &params)
 }
 
 pub fn open(p: &dyn Provider, dev: &str, addr: &str, recv: u32, send: u32) -> Interface {
-    Interface::open(
-        p,
-        &params(dev, addr, recv, send),
-        Arc::new(Stats::default()),
-        1,
-        &mut None,
-    )
-    .unwrap()
+    open_with(p, &params(dev, addr, recv, send))
+}
+
+/// [`open`] with parameters of the caller's (from [`params`], changed).
+pub fn open_with(p: &dyn Provider, params: &IfaceConfig) -> Interface {
+    Interface::open(p, params, Arc::new(Stats::default()), 1, &mut None).unwrap()
 }
 
 /// Let A and B learn each other through an ARP exchange, step by step.
