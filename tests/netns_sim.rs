@@ -3,7 +3,9 @@
 //! iperf3 (TCP and UDP) run across them, `uipoib stats` reads the live counters, and
 //! SIGTERM tears everything down with balanced ledgers. A second test restarts both
 //! interfaces (an injected failed poll, a fatal async event, an operator restart) in the
-//! middle of an iperf3 TCP session, which survives.
+//! middle of an iperf3 TCP session, which survives. A pair is used once both interfaces
+//! say `running`; a failed ping's panic carries both daemons' status, counters and
+//! neighbours and both namespaces' link counters and neighbour tables.
 //!
 //! Needs root, /dev/net/tun, `ip`, `ping` and `iperf3`; without them it says why and
 //! skips, except when the `CI` environment variable is set: then it fails, so that a CI
@@ -153,14 +155,98 @@ impl Pair {
         let daemon = Daemon(child);
         wait_up(&na.0, &tap_a);
         wait_up(&nb.0, &tap_b);
-        Pair {
+        let p = Pair {
             na,
             nb,
             ctl_a,
             ctl_b,
             dir,
             daemon,
+        };
+        p.wait_running();
+        p
+    }
+
+    /// Until both interfaces report `running`: an address on the TAP comes before the
+    /// restart rehearsed at start is over, and a test's first packet should not race it.
+    fn wait_running(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for ctl in [&self.ctl_a, &self.ctl_b] {
+            loop {
+                let out = Command::new(env!("CARGO_BIN_EXE_uipoib"))
+                    .args(["status", "--json", "--control"])
+                    .arg(ctl)
+                    .output()
+                    .unwrap();
+                let last = if out.status.success() {
+                    let s: serde_json::Value =
+                        serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+                    if s["state"] == "running" {
+                        break;
+                    }
+                    s.to_string()
+                } else {
+                    String::from_utf8_lossy(&out.stderr).into_owned()
+                };
+                assert!(
+                    Instant::now() < deadline,
+                    "{} not running 20 s after start: {last}",
+                    ctl.display()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
+    }
+
+    /// `ping` with `args` in namespace `ns`; when it fails, the panic carries what tells
+    /// "never left the kernel", "never read from the TAP" and "lost between the two"
+    /// apart: both daemons' status, counters and neighbours and both namespaces' link
+    /// counters and neighbour tables, read before the pair is torn down.
+    fn ping(&self, ns: &str, args: &[&str]) {
+        let mut cmd = vec!["ping"];
+        cmd.extend_from_slice(args);
+        let o = ns_exec(ns, &cmd);
+        if o.status.success() {
+            return;
+        }
+        let mut report = format!(
+            "{cmd:?} in {ns} failed:\n{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        for (side, ctl) in [("a", &self.ctl_a), ("b", &self.ctl_b)] {
+            for what in [&["status", "--json"][..], &["stats", "--json"], &["neigh"]] {
+                let out = Command::new(env!("CARGO_BIN_EXE_uipoib"))
+                    .args(what)
+                    .arg("--control")
+                    .arg(ctl)
+                    .output()
+                    .unwrap();
+                report += &format!(
+                    "\n--- {side}: uipoib {}:\n{}{}",
+                    what.join(" "),
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+        for n in [&self.na.0, &self.nb.0] {
+            for what in [&["-s", "link", "show"][..], &["neigh", "show"]] {
+                let out = Command::new("ip")
+                    .arg("-n")
+                    .arg(n)
+                    .args(what)
+                    .output()
+                    .unwrap();
+                report += &format!(
+                    "\n--- ip -n {n} {}:\n{}{}",
+                    what.join(" "),
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+        panic!("{report}");
     }
 
     fn cli(&self, args: &[&str], ctl: &std::path::Path) -> serde_json::Value {
@@ -276,15 +362,7 @@ fn ping_and_iperf3_across_two_namespaces_over_the_simulated_fabric() {
         false
     );
     for (ns, dst) in [(&p.na.0, B), (&p.nb.0, A)] {
-        let o = ns_exec(
-            ns,
-            &["ping", "-c", "3", "-i", "0.2", "-W", "2", &dst.to_string()],
-        );
-        assert!(
-            o.status.success(),
-            "ping {dst} from {ns}: {}",
-            String::from_utf8_lossy(&o.stdout)
-        );
+        p.ping(ns, &["-c", "3", "-i", "0.2", "-W", "2", &dst.to_string()]);
     }
     let tcp = iperf(&p.nb.0, &p.na.0, B, false);
     assert!(tcp > 1e6, "TCP through uipoib moved only {tcp} bit/s");
@@ -325,11 +403,10 @@ fn restarts_under_iperf3_keep_the_tcp_session() {
     // The plain TAP path (no vnet headers) is covered here.
     let p = Pair::start(2, &["--tap-offload", "false", "--allow-faults"]);
     assert_eq!(p.cli(&["status", "--json"], &p.ctl_a)["allow_faults"], true);
-    let o = ns_exec(
+    p.ping(
         &p.na.0,
-        &["ping", "-c", "2", "-i", "0.2", "-W", "2", &B.to_string()],
+        &["-c", "2", "-i", "0.2", "-W", "2", &B.to_string()],
     );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
     let srv = iperf3_server(&p.nb.0, B, "5213", true);
     let client = Command::new("ip")
         .args([
@@ -664,11 +741,10 @@ fn ipv6_addresses_and_ping6_across_two_namespaces() {
         link_local.push(ll);
     }
     // IPv4 alongside.
-    let o = ns_exec(
+    p.ping(
         &p.na.0,
-        &["ping", "-c", "2", "-i", "0.2", "-W", "2", &B.to_string()],
+        &["-c", "2", "-i", "0.2", "-W", "2", &B.to_string()],
     );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
     let (ll_a, ll_b) = (link_local[0].to_string(), link_local[1].to_string());
     for (ns, args) in [
         (&p.na.0, vec![g_b]),
@@ -676,18 +752,9 @@ fn ipv6_addresses_and_ping6_across_two_namespaces() {
         (&p.na.0, vec!["-I", &tap_a, &ll_b]),
         (&p.nb.0, vec!["-I", &tap_b, &ll_a]),
     ] {
-        let mut cmd = vec!["ping", "-6", "-c", "3", "-i", "0.2", "-W", "2"];
+        let mut cmd = vec!["-6", "-c", "3", "-i", "0.2", "-W", "2"];
         cmd.extend(args.iter().copied());
-        let o = ns_exec(ns, &cmd);
-        if !o.status.success() {
-            let drops = |ctl| p.cli(&["stats", "--json"], ctl)["drops"].clone();
-            panic!(
-                "{cmd:?} in {ns} failed: {}\ndrops a: {}\ndrops b: {}",
-                String::from_utf8_lossy(&o.stdout),
-                drops(&p.ctl_a),
-                drops(&p.ctl_b)
-            );
-        }
+        p.ping(ns, &cmd);
     }
     // TCP over IPv6, both ways.
     let g_b6: std::net::Ipv6Addr = g_b.parse().unwrap();
