@@ -246,9 +246,29 @@ fn a_single_segment_goes_out_untouched() {
     let mut rec = Rec::default();
     c.push(&segs[0], &mut rec).unwrap();
     c.flush(&mut rec).unwrap();
-    assert_eq!(rec.out, vec![(VnetHdr::default(), segs[0].clone())]);
+    assert_eq!(rec.out, vec![(plain_hdr(segs[0].len()), segs[0].clone())]);
     c.flush(&mut rec).unwrap();
     assert_eq!(rec.out.len(), 1, "nothing left");
+}
+
+#[test]
+fn a_frame_written_whole_hints_its_headers_never_beyond_its_end() {
+    for (len, hint) in [(60, 60), (127, 127), (128, 128), (129, 128), (4082, 128)] {
+        let h = plain_hdr(len);
+        assert_eq!(usize::from(h.hdr_len), hint, "{len}");
+        // Nothing else: no offload is asked of the kernel for it.
+        assert_eq!(VnetHdr { hdr_len: 0, ..h }, VnetHdr::default(), "{len}");
+    }
+    // Through the joiner: an ARP frame and a full-MTU frame that is not TCP.
+    let mut c = Coalescer::new();
+    let mut rec = Rec::default();
+    let arp = vec![0xffu8; 60];
+    let mut udp = vec![0u8; 4082];
+    udp[12..14].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+    c.push(&arp, &mut rec).unwrap();
+    c.push(&udp, &mut rec).unwrap();
+    let hints: Vec<u16> = rec.out.iter().map(|(h, _)| h.hdr_len).collect();
+    assert_eq!(hints, [60, 128]);
 }
 
 #[test]
@@ -270,8 +290,9 @@ fn anything_that_does_not_follow_breaks_the_run_in_order() {
     let lens: Vec<usize> = rec.out.iter().map(|(_, f)| f.len()).collect();
     assert_eq!(lens, vec![66 + 4000, segs[3].len(), 60, bad.len()]);
     assert_eq!(rec.out[0].0.gso_type, GSO_TCPV4);
-    assert_eq!(rec.out[1].0, VnetHdr::default());
-    assert_eq!(rec.out[3], (VnetHdr::default(), bad));
+    assert_eq!(rec.out[1].0, plain_hdr(segs[3].len()));
+    assert_eq!(rec.out[2].0, plain_hdr(60));
+    assert_eq!(rec.out[3], (plain_hdr(bad.len()), bad));
 }
 
 #[test]
@@ -991,7 +1012,7 @@ fn v6_segments_differing_in_a_header_field_or_family_do_not_join() {
         c.push(&other, &mut rec).unwrap();
         c.flush(&mut rec).unwrap();
         assert_eq!(rec.out.len(), 2, "byte {at}");
-        assert!(rec.out.iter().all(|(h, _)| *h == VnetHdr::default()));
+        assert!(rec.out.iter().all(|(h, f)| *h == plain_hdr(f.len())));
     }
     // A bad checksum, an extension header, a payload length that is not the frame's.
     let mut bad = segs[1].clone();
@@ -1007,7 +1028,7 @@ fn v6_segments_differing_in_a_header_field_or_family_do_not_join() {
         c.push(&g, &mut rec).unwrap();
         c.flush(&mut rec).unwrap();
         assert_eq!(rec.out.len(), 2);
-        assert_eq!(rec.out[1], (VnetHdr::default(), g), "goes out untouched");
+        assert_eq!(rec.out[1], (plain_hdr(g.len()), g), "goes out untouched");
     }
     // IPv4 and IPv6 segments of the same ports and sequence numbers, interleaved:
     // never one run.
@@ -1076,7 +1097,7 @@ proptest! {
             if h.gso_type == GSO_TCPV6 {
                 prop_assert!(complete6_ok(h, f));
             } else {
-                prop_assert_eq!(*h, VnetHdr::default());
+                prop_assert_eq!(*h, plain_hdr(f.len()));
                 prop_assert!(tcp6_ok(f));
             }
             joined.extend_from_slice(&f[86..]);
