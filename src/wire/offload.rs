@@ -345,8 +345,9 @@ const IP6_SAME: [std::ops::Range<usize>; 2] = [0..4, 6..40];
 /// (`GSO_TCPV4` or `GSO_TCPV6`; never across the two), written to the TAP with a
 /// `virtio_net_hdr` that describes its segments and a partial checksum, so the kernel's
 /// TCP takes them in one go. Anything else, or a segment that does not follow, is
-/// written on its own (after what is pending, so order is kept) with an empty header:
-/// the kernel checks its checksums itself. The caller calls [`Coalescer::flush`] at
+/// written on its own (after what is pending, so order is kept) with a header that asks
+/// for no offload ([`plain_hdr`]: only its headers' length, as a hint): the kernel checks
+/// its checksums itself. The caller calls [`Coalescer::flush`] at
 /// the end of each batch of receives.
 pub struct Coalescer {
     buf: Vec<u8>,
@@ -592,8 +593,9 @@ fn both(a: Result<(), Lost>, b: Result<(), Lost>) -> Result<(), Lost> {
 /// kernel's TAP puts all of a full-MTU frame (4 KiB) in one head from an 8 KiB slab, and
 /// the receiving socket is charged 8,448 bytes for a datagram of 4,040; with the headers'
 /// room here the payload goes into a page, charged 4,928 bytes, and a socket buffer holds
-/// 1.7x the datagrams (a default 208 KiB one 43 instead of 25; measured, and checked by
-/// tests/netns_sim.rs). A frame shorter than a page goes whole into the head either way.
+/// 1.7x the datagrams (a default 208 KiB one 43 instead of 25, measured; tests/netns_sim.rs
+/// checks the charge per datagram). A frame shorter than a page goes whole into the head
+/// either way.
 /// 128 bytes hold Ethernet, IPv6 and a TCP header with options; a longer header is pulled
 /// by the stack as it would be from a NIC's pages.
 pub const LINEAR_HINT: usize = 128;
@@ -607,7 +609,7 @@ fn write_one(f: &[u8], sink: &mut dyn FrameSink) -> Result<(), Lost> {
 
 /// The header of a frame of `len` bytes written whole (see [`LINEAR_HINT`]): never more
 /// than the frame, which the TAP refuses.
-fn plain_hdr(len: usize) -> VnetHdr {
+pub fn plain_hdr(len: usize) -> VnetHdr {
     VnetHdr {
         hdr_len: len.min(LINEAR_HINT) as u16,
         ..VnetHdr::default()
