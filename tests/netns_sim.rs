@@ -216,35 +216,31 @@ impl Pair {
             String::from_utf8_lossy(&o.stdout),
             String::from_utf8_lossy(&o.stderr)
         );
+        // One section per command: its name, then what it printed.
+        let mut section = |label: String, cmd: &mut Command| {
+            let out = cmd.output().unwrap();
+            report += &format!(
+                "\n--- {label}:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
         for (side, ctl) in [("a", &self.ctl_a), ("b", &self.ctl_b)] {
             for what in [&["status", "--json"][..], &["stats", "--json"], &["neigh"]] {
-                let out = Command::new(env!("CARGO_BIN_EXE_uipoib"))
-                    .args(what)
-                    .arg("--control")
-                    .arg(ctl)
-                    .output()
-                    .unwrap();
-                report += &format!(
-                    "\n--- {side}: uipoib {}:\n{}{}",
-                    what.join(" "),
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
+                section(
+                    format!("{side}: uipoib {}", what.join(" ")),
+                    Command::new(env!("CARGO_BIN_EXE_uipoib"))
+                        .args(what)
+                        .arg("--control")
+                        .arg(ctl),
                 );
             }
         }
         for n in [&self.na.0, &self.nb.0] {
             for what in [&["-s", "link", "show"][..], &["neigh", "show"]] {
-                let out = Command::new("ip")
-                    .arg("-n")
-                    .arg(n)
-                    .args(what)
-                    .output()
-                    .unwrap();
-                report += &format!(
-                    "\n--- ip -n {n} {}:\n{}{}",
-                    what.join(" "),
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
+                section(
+                    format!("ip -n {n} {}", what.join(" ")),
+                    Command::new("ip").arg("-n").arg(n).args(what),
                 );
             }
         }

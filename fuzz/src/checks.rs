@@ -114,8 +114,8 @@ pub fn cut(frame: &[u8], p: &Plan) -> Vec<Vec<u8>> {
 /// What a coalescer wrote (`delivered`: header and frame) must expand back, segment
 /// for segment, to the frames it was given (`written`): a frame written alone has the
 /// header of a frame written whole (`offload::plain_hdr`: no offload, its headers' length
-/// as a hint; all zero from a TAP without offloads) and is unchanged; a joined one is a TCP/IPv4 super-frame with a
-/// partial checksum that, completed, is valid, and whose segments, cut as a TAP read
+/// as a hint; all zero from a TAP without offloads) and is unchanged; a joined one is a
+/// TCP/IPv4 super-frame with a partial checksum that, completed, is valid, and whose segments, cut as a TAP read
 /// would cut them, are the joined frames (but for IPv4 id and the checksums, which the
 /// cut recomputes) with valid checksums; a TCP/IPv6 one likewise (all of it equal but
 /// the TCP checksum). A joined frame's `gso_type` is its EtherType's family.
