@@ -43,7 +43,8 @@ const TCP_FIN: u8 = 0x01;
 const TCP_PSH: u8 = 0x08;
 const TCP_CWR: u8 = 0x80;
 
-/// A `virtio_net_hdr` (little-endian, as on the hosts this runs on).
+/// A `virtio_net_hdr`, little-endian (the TAP is told so with `TUNSETVNETLE`, so that a
+/// big-endian host reads the same bytes).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VnetHdr {
     /// `F_NEEDS_CSUM`, ...
