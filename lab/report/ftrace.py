@@ -39,8 +39,24 @@ ETH_STAGES = [
     ("send", "its send (write -> eth0 transmit)"),
 ]
 
-LINE = re.compile(r"^\s*(?P<comm>.+)-(?P<pid>\d+)\s+\[(?P<cpu>\d+)\]\s+(?:\S+\s+)?(?P<ts>\d+\.\d+):\s+(?P<ev>\w+):\s?(?P<rest>.*)$")
-SWITCH = re.compile(r"prev_comm=(?P<prev>.*) prev_pid=\d+ prev_prio=\S+ prev_state=(?P<state>\S+) ==> next_comm=(?P<next>.*) next_pid=\d+")
+# A line; with the `record-tgid` option the task's process follows its pid, "(   160)",
+# or "(-------)" when not known.
+LINE = re.compile(
+    r"^\s*(?P<comm>.+)-(?P<pid>\d+)\s+(?:\(\s*(?P<tgid>\d+|-+)\)\s+)?\[(?P<cpu>\d+)\]\s+(?:\S+\s+)?"
+    r"(?P<ts>\d+\.\d+):\s+(?P<ev>\w+):\s?(?P<rest>.*)$"
+)
+SWITCH = re.compile(
+    r"prev_comm=(?P<prev>.*) prev_pid=(?P<prev_pid>\d+) prev_prio=\S+ prev_state=(?P<state>\S+) ==> "
+    r"next_comm=(?P<next>.*) next_pid=(?P<next_pid>\d+)"
+)
+# Kernel threads run on the address space of the task before them (lazy TLB): a switch to
+# one changes no page tables. Named by the threads a lab guest runs.
+KTHREAD = re.compile(
+    r"^(swapper|ksoftirqd|kworker|rcu_|migration|cpuhp|kthreadd|idle_inject|watchdog|kcompactd|khugepaged|"
+    r"kswapd|oom_reaper|kauditd|khungtaskd|kdevtmpfs|irq/|jbd2|kblockd|scsi_|ib-comp|ib_|rdma_|iw_cm|"
+    r"kintegrityd|netns|mm_percpu_wq|khvcd|hwrng|kthrotld|ipv6_addrconf|zswap|writeback|blkcg_punt|"
+    r"inet_frag|ext4|xfs|9p|v9fs|virtio)"
+)
 
 
 class Ev:
@@ -315,6 +331,104 @@ def window(out, name, role, stages, turn):
     return res, L, None
 
 
+def switch_costs(text):
+    """The context switches of a trace taken with `record-tgid`: for each task woken from a
+    blocking syscall (switched out asleep, then in again), the time from its switch-in to
+    its syscall's return, split by whether the switch loaded another process's page tables
+    (the last user task to run was of another process) or not (kernel threads keep the
+    last user task's; threads of one process share theirs). Returns {"changed": [us...],
+    "kept": [us...], "by_task": {(comm, changed): [us...]}, "changes": n, "rx_irqs": n} or
+    None without process ids."""
+    tgid, kthread, evs = {}, set(), []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        m = LINE.match(line)
+        if not m:
+            continue
+        pid, comm = int(m["pid"]), m["comm"].strip()
+        if m["tgid"] and m["tgid"][0].isdigit():
+            tgid.setdefault(pid, int(m["tgid"]))
+        if pid == 0 or KTHREAD.match(comm):
+            kthread.add(pid)
+        evs.append((float(m["ts"]) * 1e6, pid, m["ev"], m["rest"]))
+    if not tgid:
+        return None
+    res = {"changed": [], "kept": [], "by_task": {}, "changes": 0, "rx_irqs": 0}
+    mm, slept, pending = None, {}, None
+    for ts, pid, ev, rest in evs:
+        if ev == "irq_handler_entry" and re.search(r"name=virtio\S*-input", rest):
+            res["rx_irqs"] += 1
+        if ev == "sched_switch":
+            n = SWITCH.search(rest)
+            if not n:
+                mm, pending = None, None
+                continue
+            prev, nxt = int(n["prev_pid"]), int(n["next_pid"])
+            slept[prev] = n["state"].startswith(("S", "D"))
+            pending = None
+            if nxt == 0 or nxt in kthread or KTHREAD.match(n["next"]):
+                continue
+            t = tgid.get(nxt)
+            changed = None if mm is None or t is None else t != mm
+            if changed:
+                res["changes"] += 1
+            mm = t
+            if changed is not None and slept.get(nxt):
+                pending = (ts, nxt, n["next"].strip(), changed)
+            continue
+        if pending and pid == pending[1] and ev in ("sys_exit", "sys_enter"):
+            t0, _, comm, changed = pending
+            pending = None
+            if ev == "sys_exit":
+                res["changed" if changed else "kept"].append(ts - t0)
+                res["by_task"].setdefault((comm, changed), []).append(ts - t0)
+    return res
+
+
+def parse_pipe_bench(t):
+    """`perf bench sched pipe`'s microseconds per round trip, or None."""
+    m = re.search(r"([\d.]+)\s+usecs/op", t or "")
+    return float(m.group(1)) if m else None
+
+
+def switch_section(out, env):
+    """The context switches' section of the report: lines and a dict."""
+    L, rep = ["context switches on a (a task woken from a blocking syscall: its switch-in to the syscall's return)"], {}
+    width = 54
+    for name, label in (("uip", "through uipoib"), ("eth", "over eth0")):
+        t = read(os.path.join(out, f"ft.{name}.a.txt"))
+        r = switch_costs(t) if t else None
+        if r is None:
+            L.append(f"  window {name}: no process ids in the trace (taken without record-tgid)")
+            continue
+        w = rep[name] = dict(
+            changed_n=len(r["changed"]), changed_median_us=med(r["changed"]), kept_n=len(r["kept"]), kept_median_us=med(r["kept"]),
+            changes=r["changes"], rx_irqs=r["rx_irqs"], by_task={},
+        )
+        L.append(f"  window {name} ({label}): {r['changes']} switches loaded another process's page tables, "
+                 f"{r['changes'] / r['rx_irqs']:.2f} per receive interrupt" if r["rx_irqs"] else f"  window {name}: no receive interrupt")
+        for key, what in (("changed", "from a task of another process"), ("kept", "from the idle task, a kernel thread or its own process")):
+            xs = r[key]
+            L.append(f"    {what:<{width}} {len(xs):6d}  median {fmt(med(xs)):>7} us")
+        for (comm, changed), xs in sorted(r["by_task"].items(), key=lambda x: -len(x[1])):
+            if len(xs) >= 20:
+                w["by_task"][f"{comm} {'changed' if changed else 'kept'}"] = dict(n=len(xs), median_us=med(xs))
+                L.append(f"      {comm + (' (changed)' if changed else ' (kept)'):<{width - 2}} {len(xs):6d}  median {med(xs):7.1f} us")
+    proc = parse_pipe_bench(read(os.path.join(out, "bench-pipe.process.txt")))
+    thr = parse_pipe_bench(read(os.path.join(out, "bench-pipe.thread.txt")))
+    loops = env.get("PERF_TRACE_PIPE_LOOPS", "?")
+    if proc and thr:
+        rep["pipe"] = dict(process_us=proc, thread_us=thr, per_switch_extra_us=(proc - thr) / 2, loops=loops)
+        L.append(f"  untraced, perf bench sched pipe -l {loops} (two switches a round trip): between two processes "
+                 f"{proc:.1f} us a round trip, between two threads {thr:.1f}")
+        L.append(f"    a switch that loads another process's page tables costs {(proc - thr) / 2:.1f} us more "
+                 "(QEMU's TCG drops its whole software TLB when CR3 is written)")
+    else:
+        L.append("  no perf bench sched pipe result (bench-pipe.*.txt)")
+    return L, rep
+
+
 def trace(a):
     out = a.out
     env = read_env(os.path.join(out, "trace.env"))
@@ -358,11 +472,15 @@ def trace(a):
     if u and e:
         L.append(f"a's turnaround through uipoib / over eth0 (traced): {u / e:.2f}")
         rep["turnaround_ratio"] = u / e
+    L.append("")
+    lines, rep["switches"] = switch_section(out, env)
+    L.extend(lines)
+    L.append("")
 
     if a.vm_rc is not None:  # a lab run (not an analysis of existing traces)
         _, why = guest_failures(out, a.vm_rc)
         bad.extend(why)
-        for step, roles in (("up", "ab"), ("ping", "ab"), ("tracefs", "ab"), ("server", "a"), ("trace-uip", "ab"), ("trace-eth", "ab"), ("plain", "ab"), ("stop", "ab")):
+        for step, roles in (("up", "ab"), ("ping", "ab"), ("tracefs", "ab"), ("server", "a"), ("trace-uip", "ab"), ("trace-eth", "ab"), ("plain", "ab"), ("bench", "ab"), ("stop", "ab")):
             f = step_failure(out, roles, step)
             if f:
                 bad.append(f"step {step}: {f}")
