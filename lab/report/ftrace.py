@@ -50,12 +50,14 @@ SWITCH = re.compile(
     r"next_comm=(?P<next>.*) next_pid=(?P<next_pid>\d+)"
 )
 # Kernel threads run on the address space of the task before them (lazy TLB): a switch to
-# one changes no page tables. Named by the threads a lab guest runs.
+# one changes no page tables. A task with a syscall in the trace is a user task whatever
+# its name; one without is a kernel thread if its name is one a lab guest runs.
 KTHREAD = re.compile(
-    r"^(swapper|ksoftirqd|kworker|rcu_|migration|cpuhp|kthreadd|idle_inject|watchdog|kcompactd|khugepaged|"
-    r"kswapd|oom_reaper|kauditd|khungtaskd|kdevtmpfs|irq/|jbd2|kblockd|scsi_|ib-comp|ib_|rdma_|iw_cm|"
-    r"kintegrityd|netns|mm_percpu_wq|khvcd|hwrng|kthrotld|ipv6_addrconf|zswap|writeback|blkcg_punt|"
-    r"inet_frag|ext4|xfs|9p|v9fs|virtio)"
+    r"^(swapper/\d+|ksoftirqd/\d+|kworker/\S+|rcu_\w+|migration/\d+|cpuhp/\d+|idle_inject/\d+|watchdog/\d+|"
+    r"kthreadd|kcompactd\d+|khugepaged|kswapd\d+|oom_reaper|kauditd|khungtaskd|kdevtmpfs|irq/\S+|jbd2/\S+|"
+    r"kblockd|scsi_\w+|ib-comp-\S+|ib_\w+_wq|rdma_cm|iw_cm_wq|kintegrityd|netns|mm_percpu_wq|khvcd|hwrng|"
+    r"kthrotld|ipv6_addrconf|zswap\S*|writeback|blkcg_punt_bio|inet_frag_wq|ext4-rsv-conver|xfsalloc|xfs_mru_cache|"
+    r"rxe_wq|ipoib_wq|krdsd)$"
 )
 
 
@@ -335,51 +337,60 @@ def switch_costs(text):
     """The context switches of a trace taken with `record-tgid`: for each task woken from a
     blocking syscall (switched out asleep, then in again), the time from its switch-in to
     its syscall's return, split by whether the switch loaded another process's page tables
-    (the last user task to run was of another process) or not (kernel threads keep the
-    last user task's; threads of one process share theirs). Returns {"changed": [us...],
-    "kept": [us...], "by_task": {(comm, changed): [us...]}, "changes": n, "rx_irqs": n} or
-    None without process ids."""
-    tgid, kthread, evs = {}, set(), []
+    (the last user task to run on that CPU was of another process) or not (kernel threads
+    keep the last user task's; threads of one process share theirs). A woken task switched
+    out again before its syscall returns gives no sample (counted as "cut"). Returns
+    {"changed": [us...], "kept": [us...], "by_task": {(comm, changed): [us...]}, "changes":
+    n, "rx_irqs": n, "cut": n} or None without process ids."""
+    tgid, user, names, evs = {}, set(), {}, []
     for line in text.splitlines():
         if line.startswith("#"):
             continue
         m = LINE.match(line)
         if not m:
             continue
-        pid, comm = int(m["pid"]), m["comm"].strip()
+        pid, ev = int(m["pid"]), m["ev"]
+        names[pid] = m["comm"].strip()
         if m["tgid"] and m["tgid"][0].isdigit():
             tgid.setdefault(pid, int(m["tgid"]))
-        if pid == 0 or KTHREAD.match(comm):
-            kthread.add(pid)
-        evs.append((float(m["ts"]) * 1e6, pid, m["ev"], m["rest"]))
+        if ev in ("sys_enter", "sys_exit"):
+            user.add(pid)
+        evs.append((float(m["ts"]) * 1e6, int(m["cpu"]), pid, ev, m["rest"]))
     if not tgid:
         return None
-    res = {"changed": [], "kept": [], "by_task": {}, "changes": 0, "rx_irqs": 0}
-    mm, slept, pending = None, {}, None
-    for ts, pid, ev, rest in evs:
+
+    def kthread(pid, comm):
+        return pid == 0 or (pid not in user and bool(KTHREAD.match(comm)))
+
+    res = {"changed": [], "kept": [], "by_task": {}, "changes": 0, "rx_irqs": 0, "cut": 0}
+    # Per CPU: the process whose page tables are loaded, and the woken task awaited.
+    mm, pending, slept = {}, {}, {}
+    for ts, cpu, pid, ev, rest in evs:
         if ev == "irq_handler_entry" and re.search(r"name=virtio\S*-input", rest):
             res["rx_irqs"] += 1
         if ev == "sched_switch":
             n = SWITCH.search(rest)
+            if pending.pop(cpu, None):
+                res["cut"] += 1
             if not n:
-                mm, pending = None, None
+                mm.pop(cpu, None)
                 continue
             prev, nxt = int(n["prev_pid"]), int(n["next_pid"])
             slept[prev] = n["state"].startswith(("S", "D"))
-            pending = None
-            if nxt == 0 or nxt in kthread or KTHREAD.match(n["next"]):
+            if kthread(nxt, n["next"].strip()):
                 continue
-            t = tgid.get(nxt)
-            changed = None if mm is None or t is None else t != mm
+            t, had = tgid.get(nxt), mm.get(cpu)
+            changed = None if had is None or t is None else t != had
             if changed:
                 res["changes"] += 1
-            mm = t
+            mm[cpu] = t
             if changed is not None and slept.get(nxt):
-                pending = (ts, nxt, n["next"].strip(), changed)
+                pending[cpu] = (ts, nxt, n["next"].strip(), changed)
             continue
-        if pending and pid == pending[1] and ev in ("sys_exit", "sys_enter"):
-            t0, _, comm, changed = pending
-            pending = None
+        p = pending.get(cpu)
+        if p and pid == p[1] and ev in ("sys_exit", "sys_enter"):
+            del pending[cpu]
+            t0, _, comm, changed = p
             if ev == "sys_exit":
                 res["changed" if changed else "kept"].append(ts - t0)
                 res["by_task"].setdefault((comm, changed), []).append(ts - t0)
@@ -394,7 +405,7 @@ def parse_pipe_bench(t):
 
 def switch_section(out, env):
     """The context switches' section of the report: lines and a dict."""
-    L, rep = ["context switches on a (a task woken from a blocking syscall: its switch-in to the syscall's return)"], {}
+    L, rep = ["context switches on a (a task woken from a blocking syscall: its switch-in to the syscall's return; per CPU)"], {}
     width = 54
     for name, label in (("uip", "through uipoib"), ("eth", "over eth0")):
         t = read(os.path.join(out, f"ft.{name}.a.txt"))
@@ -404,10 +415,12 @@ def switch_section(out, env):
             continue
         w = rep[name] = dict(
             changed_n=len(r["changed"]), changed_median_us=med(r["changed"]), kept_n=len(r["kept"]), kept_median_us=med(r["kept"]),
-            changes=r["changes"], rx_irqs=r["rx_irqs"], by_task={},
+            changes=r["changes"], rx_irqs=r["rx_irqs"], cut=r["cut"], by_task={},
         )
         L.append(f"  window {name} ({label}): {r['changes']} switches loaded another process's page tables, "
                  f"{r['changes'] / r['rx_irqs']:.2f} per receive interrupt" if r["rx_irqs"] else f"  window {name}: no receive interrupt")
+        if r["cut"]:
+            L.append(f"    ({r['cut']} woken tasks switched out again before their syscall returned: no sample)")
         for key, what in (("changed", "from a task of another process"), ("kept", "from the idle task, a kernel thread or its own process")):
             xs = r[key]
             L.append(f"    {what:<{width}} {len(xs):6d}  median {fmt(med(xs)):>7} us")
@@ -486,3 +499,83 @@ def trace(a):
                 bad.append(f"step {step}: {f}")
     L.append("RESULT: " + ("OK" if not bad else "FAILED: " + "; ".join(bad)))
     return finish(out, "trace", "trace-report.txt", "trace-report.json", "\n".join(L) + "\n", rep, not bad, bad)
+
+
+# `TUNSETCARRIER`, the ioctl that turns the TAP's carrier on as a restart ends.
+TUNSETCARRIER = 0x400454E2
+
+
+def announce_post(text, sup):
+    """Where the announcement's post of one traced restart went (`scripts/perf recovery`
+    with PERF_RECOVERY_FTRACE=1): the supervisor thread SUP posts it (a `write` on the
+    uverbs descriptor: rxe sends inside it) last before it turns the carrier on. Returns
+    {"total_us", "parts": {who: us}} (who: the supervisor, "softirq ACTION", another
+    task's name, "idle"), or None when the trace has no such post."""
+    rows = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        m = LINE.match(line)
+        if m:
+            rows.append((float(m["ts"]) * 1e6, m["comm"].strip(), m["ev"], m["rest"]))
+    carrier = re.compile(r"NR 16 \([0-9a-f]+, ([0-9a-f]+)")
+
+    def is_carrier(r):
+        n = carrier.match(r[3]) if r[1] == sup and r[2] == "sys_enter" else None
+        return bool(n) and int(n.group(1), 16) == TUNSETCARRIER
+
+    kc = next((k for k, r in enumerate(rows) if is_carrier(r)), None)
+    if kc is None:
+        return None
+    ke = next((k for k in range(kc - 1, -1, -1) if rows[k][1] == sup and rows[k][2] == "sys_enter" and rows[k][3].startswith("NR 1 (")), None)
+    if ke is None:
+        return None
+    kx = next((k for k in range(ke + 1, kc) if rows[k][1] == sup and rows[k][2] == "sys_exit" and rows[k][3].startswith("NR 1 =")), None)
+    if kx is None:
+        return None
+    t0, t1 = rows[ke][0], rows[kx][0]
+    parts, cur, last, soft = {}, sup, t0, None
+
+    def add(who, us):
+        who = "idle" if idle(who) else who
+        parts[who] = parts.get(who, 0.0) + us
+
+    for ts, _, ev, rest in rows[ke + 1 : kx + 1]:
+        if ev == "softirq_entry" and soft is None:
+            add(cur, ts - last)
+            n = re.search(r"action=(\w+)", rest)
+            soft, last = ("softirq " + (n.group(1) if n else "?"), ts), ts
+        elif ev == "softirq_exit" and soft is not None:
+            add(soft[0], ts - soft[1])
+            soft, last = None, ts
+        elif ev == "sched_switch":
+            n = SWITCH.search(rest)
+            if n and soft is None:
+                add(cur, ts - last)
+                cur, last = n["next"].strip(), ts
+    if soft is None:
+        add(cur, t1 - last)
+    else:
+        add(soft[0], t1 - soft[1])
+    return {"total_us": t1 - t0, "parts": parts}
+
+
+def announce_section(out, n, tap):
+    """The report's lines on the traced restarts' announcement posts, and a dict."""
+    sup = ("sup-" + tap)[:COMM_MAX]
+    L, rows = [f"the announcement's post in each traced restart (recovery-ft.N.txt; {sup}'s write, rxe sending inside it; traced times):"], []
+    for i in range(1, n + 1):
+        t = read(os.path.join(out, f"recovery-ft.{i}.txt"))
+        r = announce_post(t, sup) if t else None
+        if r is None:
+            L.append(f"  restart {i}: " + ("no trace" if t is None else "no announcement's post before the carrier in the trace"))
+            continue
+        rows.append(r)
+        top = sorted(r["parts"].items(), key=lambda x: -x[1])
+        L.append(f"  restart {i}: {r['total_us'] / 1000:6.2f} ms: " + ", ".join(f"{who} {us / 1000:.2f}" for who, us in top if us >= 10))
+    if rows:
+        keys = sorted({k for r in rows for k in r["parts"]}, key=lambda k: -sum(r["parts"].get(k, 0.0) for r in rows))
+        tot = sum(r["total_us"] for r in rows)
+        L.append(f"  median {statistics.median(r['total_us'] for r in rows) / 1000:.2f} ms; shares of all: "
+                 + ", ".join(f"{k} {sum(r['parts'].get(k, 0.0) for r in rows) / tot * 100:.0f}%" for k in keys[:8]))
+    return L, rows
