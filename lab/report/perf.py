@@ -871,8 +871,14 @@ def recovery(a):
     capture = None
     if read_env(os.path.join(out, "recovery.env")).get("PERF_RECOVERY_CAPTURE") == "1":
         capture = capture_timeline(out, hist, L, bad, session)
+    traced = None
+    if read_env(os.path.join(out, "recovery.env")).get("PERF_RECOVERY_FTRACE") == "1":
+        from ftrace import announce_section
+
+        lines, traced = announce_section(out, n, "uip0")
+        L.extend(lines)
     L.append("RESULT: " + ("OK" if not bad else "FAILED: " + "; ".join(bad)))
-    rep = {"faults": n, "load": load, "restarts": hist, "iperf3": session, "capture": capture}
+    rep = {"faults": n, "load": load, "restarts": hist, "iperf3": session, "capture": capture, "announce_traced": traced}
     return finish(out, "recovery", "recovery-report.txt", "recovery-report.json", "\n".join(L) + "\n", rep, not bad, bad)
 
 
