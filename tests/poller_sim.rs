@@ -193,23 +193,42 @@ fn a_receive_backlog_raises_the_pollers_level_and_a_quiet_spell_lowers_it() {
     assert_eq!(stats_of(&sa).rx_boosts, before);
     assert_eq!(nice_levels("poll-boost"), vec![base]);
 
-    // A burst while A's poller is held up (its next poll sleeps 50 ms: `slow-poll`): the
-    // frames wait in its receive CQ, a backlog. (Eight: the test's TAP, a Unix datagram
-    // socket, queues at most ten frames for this reader.)
-    switch.arm(
-        FaultSpec::new(Fault::SlowPoll {
-            delay: Duration::from_millis(50),
-        })
-        .limit(1),
-    );
+    // A burst while A's poller is held up (its next poll sleeps: `slow-poll`): the frames
+    // wait in its receive CQ, a backlog. The first frame wakes A; once A's poll sleeps the
+    // rest go, and B has posted all of them (on the simulated fabric a packet is in A's
+    // receive queue when its post returns) before the sleep ends: the backlog does not
+    // depend on how fast either poller runs on a loaded machine. (Eight: the test's TAP, a
+    // Unix datagram socket, queues at most ten frames for this reader.)
+    let hold = Duration::from_secs(2);
+    switch.arm(FaultSpec::new(Fault::SlowPoll { delay: hold }).limit(1));
     let burst = 8u32;
-    for i in 0..burst {
-        let body = (1000 + i).to_be_bytes().repeat(100);
-        tb.inject(&ipv4_frame(a_mac, b_mac, B_IP, A_IP, &body));
-        if i == 0 {
-            // The first one wakes A, whose poll then sleeps.
-            std::thread::sleep(Duration::from_millis(10));
-        }
+    let frame = |i: u32| {
+        ipv4_frame(
+            a_mac,
+            b_mac,
+            B_IP,
+            A_IP,
+            &(1000 + i).to_be_bytes().repeat(100),
+        )
+    };
+    let posted = stats_of(&sb).send_posted;
+    tb.inject(&frame(0));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while switch.fired(uipoib::verbs::fault::FaultKind::SlowPoll) == 0 {
+        assert!(Instant::now() < deadline, "A's poll never slept");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let slept = Instant::now();
+    for i in 1..burst {
+        tb.inject(&frame(i));
+    }
+    while stats_of(&sb).send_posted < posted + u64::from(burst) {
+        assert!(
+            slept.elapsed() < hold,
+            "B posted {} of the burst of {burst} within A's {hold:?} slow poll",
+            stats_of(&sb).send_posted - posted
+        );
+        std::thread::sleep(Duration::from_millis(1));
     }
     let mut got = 0;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -220,6 +239,12 @@ fn a_receive_backlog_raises_the_pollers_level_and_a_quiet_spell_lowers_it() {
     }
     assert_eq!(got, burst, "the burst delivered");
     assert_eq!(switch.fired(uipoib::verbs::fault::FaultKind::SlowPoll), 1);
+    // The poller counts the raise once its poll has returned, after the frames are out:
+    // on a loaded machine the last frame can be read here first.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while stats_of(&sa).rx_boosts == before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let boosts = stats_of(&sa).rx_boosts;
     assert!(boosts > before, "no boost for a burst of {burst}");
     // B's poller has no level to raise to, whatever it receives.
