@@ -6,13 +6,17 @@ use std::os::fd::{AsRawFd, RawFd};
 /// `TUNSETCARRIER` on a TUN/TAP descriptor (Linux 5.0 and later): the link carrier on or
 /// off.
 pub fn set_carrier(fd: RawFd, on: bool) -> io::Result<()> {
-    let value: libc::c_int = on.into();
-    // SAFETY: TUNSETCARRIER reads one `c_int` through the pointer, which points to a live
+    set_int(fd, libc::TUNSETCARRIER, on.into(), "TUNSETCARRIER")
+}
+
+/// One of the TUN/TAP ioctls that read a `c_int` through their argument (`TUNSETCARRIER`,
+/// `TUNSETVNETHDRSZ`, `TUNSETVNETLE`), `call` naming it in the error.
+fn set_int(fd: RawFd, request: libc::Ioctl, value: libc::c_int, call: &str) -> io::Result<()> {
+    // SAFETY: these requests read one `c_int` through the pointer, which points to a live
     // local for the duration of the call; a descriptor that is not an open TUN/TAP fd
     // makes the kernel return an error (EBADF, ENOTTY), never touch other memory.
-    let r = unsafe { libc::ioctl(fd, libc::TUNSETCARRIER, &value as *const libc::c_int) };
-    if r < 0 {
-        return Err(failed("TUNSETCARRIER"));
+    if unsafe { libc::ioctl(fd, request, &value as *const libc::c_int) } < 0 {
+        return Err(failed(call));
     }
     Ok(())
 }
@@ -88,33 +92,17 @@ pub fn open(name: &str, offload: bool) -> io::Result<(std::os::fd::OwnedFd, Stri
         return Err(failed("TUNSETIFF"));
     }
     if offload {
-        let len: libc::c_int = crate::wire::offload::VNET_HDR_LEN as libc::c_int;
-        // SAFETY: TUNSETVNETHDRSZ reads one `c_int` through the pointer, a live local.
-        if unsafe {
-            libc::ioctl(
-                fd.as_raw_fd(),
-                libc::TUNSETVNETHDRSZ,
-                &len as *const libc::c_int,
-            )
-        } < 0
-        {
-            return Err(failed("TUNSETVNETHDRSZ"));
-        }
+        let len = crate::wire::offload::VNET_HDR_LEN as libc::c_int;
+        set_int(
+            fd.as_raw_fd(),
+            libc::TUNSETVNETHDRSZ,
+            len,
+            "TUNSETVNETHDRSZ",
+        )?;
         // The header's fields are little-endian whatever the host's byte order (a legacy
         // TAP header is in the host's order otherwise); `virtio_net_hdr` is read and
         // written little-endian (crate::wire::offload::VnetHdr).
-        let le: libc::c_int = 1;
-        // SAFETY: TUNSETVNETLE reads one `c_int` through the pointer, a live local.
-        if unsafe {
-            libc::ioctl(
-                fd.as_raw_fd(),
-                libc::TUNSETVNETLE,
-                &le as *const libc::c_int,
-            )
-        } < 0
-        {
-            return Err(failed("TUNSETVNETLE"));
-        }
+        set_int(fd.as_raw_fd(), libc::TUNSETVNETLE, 1, "TUNSETVNETLE")?;
         // SAFETY: TUNSETOFFLOAD takes its flags by value; no memory is passed.
         if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETOFFLOAD, OFFLOADS) } < 0 {
             return Err(failed("TUNSETOFFLOAD"));
