@@ -123,6 +123,21 @@ meet() {
 
 # The counters' conservation law (older daemons had only wr_reaped, whose sends are the
 # `reaped` drops).
+# lab_tracefs [--tgid] EVENT...: tracefs mounted, tracing off, a 16 MB buffer and the
+# events enabled (with --tgid each line also names its task's process). Status 1 if any
+# of it fails.
+LAB_TRACEFS=/sys/kernel/tracing
+lab_tracefs() {
+	local T=$LAB_TRACEFS e
+	grep -qs " $T tracefs " /proc/mounts || mount -t tracefs nodev "$T" || return 1
+	echo 0 >"$T/tracing_on" && echo 16384 >"$T/buffer_size_kb" || return 1
+	if [[ ${1:-} == --tgid ]]; then
+		echo 1 >"$T/options/record-tgid" || return 1
+		shift
+	fi
+	for e in "$@"; do echo 1 >"$T/events/$e/enable" || return 1; done
+}
+
 ledger_residuals() {
 	# The daemon computes them (iface::stats::Snapshot::residuals); this only reads them.
 	jq -r '.ledger_residuals // empty | "\(.recv) \(.send)"' "$@" 2>/dev/null || true

@@ -70,8 +70,8 @@ class Ev:
 
 def parse(text):
     """(events, header facts). Events: irq (a=name), sirq_in/sirq_out (a=action), rx/tx
-    (a=dev), enter (a=nr, b=first argument), exit (a=nr, b=return), switch (a=prev comm,
-    b=prev state, c=next comm), wakeup (a=comm)."""
+    (a=dev), enter (a=nr, b=first argument, c=second or None), exit (a=nr, b=return),
+    switch (a=prev comm, b=prev state, c=next comm), wakeup (a=comm)."""
     evs, lost = [], None
     for line in text.splitlines():
         if line.startswith("#"):
@@ -93,9 +93,10 @@ def parse(text):
             n = re.search(r"dev=(\S+)", rest)
             evs.append(Ev(ts, comm, "rx" if ev == "netif_receive_skb" else "tx", n.group(1) if n else ""))
         elif ev == "sys_enter":
-            n = re.match(r"NR (\d+) \(([0-9a-f]+)", rest)
+            n = re.match(r"NR (\d+) \(([0-9a-f]+)(?:, ([0-9a-f]+))?", rest)
             if n:
-                evs.append(Ev(ts, comm, "enter", int(n.group(1)), int(n.group(2), 16)))
+                second = int(n.group(3), 16) if n.group(3) else None
+                evs.append(Ev(ts, comm, "enter", int(n.group(1)), int(n.group(2), 16), second))
         elif ev == "sys_exit":
             n = re.match(r"NR (\d+) = (-?\d+)", rest)
             if n:
@@ -148,16 +149,18 @@ def overlap(a0, a1, b0, b1):
     return max(0.0, min(a1, b1) - max(a0, b0))
 
 
-def on_cpu(evs, i, end, t0, t1):
+def on_cpu(evs, i, end, t0, t1, by_action=False):
     """Microseconds each task ran in [t0, t1], and "softirq": the softirqs' time, whoever
-    they interrupted (hard interrupts count for the task they hit)."""
-    cur, last, acc, soft = evs[i].comm, t0, {}, None
+    they interrupted (hard interrupts count for the task they hit); with BY_ACTION,
+    "softirq ACTION" for each kind instead."""
+    cur, last, acc, soft, kind = evs[i].comm, t0, {}, None, "softirq"
     for e in evs[i:end]:
         if e.ev == "sirq_in" and soft is None:
             acc[cur] = acc.get(cur, 0.0) + e.ts - last
             soft, last = e.ts, e.ts
+            kind = f"softirq {e.a}" if by_action else "softirq"
         elif e.ev == "sirq_out" and soft is not None:
-            acc["softirq"] = acc.get("softirq", 0.0) + e.ts - soft
+            acc[kind] = acc.get(kind, 0.0) + e.ts - soft
             soft, last = None, e.ts
         elif e.ev == "switch":
             acc[e.a] = acc.get(e.a, 0.0) + e.ts - last
@@ -342,7 +345,7 @@ def switch_costs(text):
     out again before its syscall returns gives no sample (counted as "cut"). Returns
     {"changed": [us...], "kept": [us...], "by_task": {(comm, changed): [us...]}, "changes":
     n, "rx_irqs": n, "cut": n} or None without process ids."""
-    tgid, user, names, evs = {}, set(), {}, []
+    tgid, user, evs = {}, set(), []
     for line in text.splitlines():
         if line.startswith("#"):
             continue
@@ -350,7 +353,6 @@ def switch_costs(text):
         if not m:
             continue
         pid, ev = int(m["pid"]), m["ev"]
-        names[pid] = m["comm"].strip()
         if m["tgid"] and m["tgid"][0].isdigit():
             tgid.setdefault(pid, int(m["tgid"]))
         if ev in ("sys_enter", "sys_exit"):
@@ -511,52 +513,25 @@ def announce_post(text, sup):
     uverbs descriptor: rxe sends inside it) last before it turns the carrier on. Returns
     {"total_us", "parts": {who: us}} (who: the supervisor, "softirq ACTION", another
     task's name, "idle"), or None when the trace has no such post."""
-    rows = []
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        m = LINE.match(line)
-        if m:
-            rows.append((float(m["ts"]) * 1e6, m["comm"].strip(), m["ev"], m["rest"]))
-    carrier = re.compile(r"NR 16 \([0-9a-f]+, ([0-9a-f]+)")
+    evs, _ = parse(text)
 
-    def is_carrier(r):
-        n = carrier.match(r[3]) if r[1] == sup and r[2] == "sys_enter" else None
-        return bool(n) and int(n.group(1), 16) == TUNSETCARRIER
+    def mine(e, ev, nr):
+        return e.comm == sup and e.ev == ev and e.a == nr
 
-    kc = next((k for k, r in enumerate(rows) if is_carrier(r)), None)
+    kc = next((k for k, e in enumerate(evs) if mine(e, "enter", SYS_IOCTL) and e.c == TUNSETCARRIER), None)
     if kc is None:
         return None
-    ke = next((k for k in range(kc - 1, -1, -1) if rows[k][1] == sup and rows[k][2] == "sys_enter" and rows[k][3].startswith("NR 1 (")), None)
+    ke = next((k for k in range(kc - 1, -1, -1) if mine(evs[k], "enter", SYS_WRITE)), None)
     if ke is None:
         return None
-    kx = next((k for k in range(ke + 1, kc) if rows[k][1] == sup and rows[k][2] == "sys_exit" and rows[k][3].startswith("NR 1 =")), None)
+    kx = next((k for k in range(ke + 1, kc) if mine(evs[k], "exit", SYS_WRITE)), None)
     if kx is None:
         return None
-    t0, t1 = rows[ke][0], rows[kx][0]
-    parts, cur, last, soft = {}, sup, t0, None
-
-    def add(who, us):
+    t0, t1 = evs[ke].ts, evs[kx].ts
+    parts = {}
+    for who, us in on_cpu(evs, ke, kx + 1, t0, t1, by_action=True).items():
         who = "idle" if idle(who) else who
         parts[who] = parts.get(who, 0.0) + us
-
-    for ts, _, ev, rest in rows[ke + 1 : kx + 1]:
-        if ev == "softirq_entry" and soft is None:
-            add(cur, ts - last)
-            n = re.search(r"action=(\w+)", rest)
-            soft, last = ("softirq " + (n.group(1) if n else "?"), ts), ts
-        elif ev == "softirq_exit" and soft is not None:
-            add(soft[0], ts - soft[1])
-            soft, last = None, ts
-        elif ev == "sched_switch":
-            n = SWITCH.search(rest)
-            if n and soft is None:
-                add(cur, ts - last)
-                cur, last = n["next"].strip(), ts
-    if soft is None:
-        add(cur, t1 - last)
-    else:
-        add(soft[0], t1 - soft[1])
     return {"total_us": t1 - t0, "parts": parts}
 
 

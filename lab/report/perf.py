@@ -835,7 +835,8 @@ def recovery(a):
         return finish(out, "recovery", "recovery-report.txt", "recovery-report.json", "\n".join(L) + "\n", {}, False, bad)
     hist = [h for h in st.get("history", []) if h["cause"] == "poll-failed"]
     # PERF_RECOVERY_WARMUP: restarts before the load, left out.
-    warm = read_env(os.path.join(out, "recovery.env")).get("PERF_RECOVERY_WARMUP", "0")
+    env = read_env(os.path.join(out, "recovery.env"))
+    warm = env.get("PERF_RECOVERY_WARMUP", "0")
     warm = int(warm) if warm.isdigit() else 0
     if warm:
         L.append(f"warm-up restarts before the load, left out: {len(hist[:warm])} of {warm}")
@@ -869,10 +870,10 @@ def recovery(a):
     load = getattr(a, "load", "tcp")
     session = (recovery_udp if load == "udp" else recovery_tcp)(out, hist, L, bad, load)
     capture = None
-    if read_env(os.path.join(out, "recovery.env")).get("PERF_RECOVERY_CAPTURE") == "1":
+    if env.get("PERF_RECOVERY_CAPTURE") == "1":
         capture = capture_timeline(out, hist, L, bad, session)
     traced = None
-    if read_env(os.path.join(out, "recovery.env")).get("PERF_RECOVERY_FTRACE") == "1":
+    if env.get("PERF_RECOVERY_FTRACE") == "1":
         from ftrace import announce_section
 
         lines, traced = announce_section(out, n, "uip0")
