@@ -528,11 +528,14 @@ def announce_post(text, sup):
     if kx is None:
         return None
     t0, t1 = evs[ke].ts, evs[kx].ts
-    parts = {}
+    parts, rx = {}, {}
     for who, us in on_cpu(evs, ke, kx + 1, t0, t1, by_action=True).items():
         who = "idle" if idle(who) else who
         parts[who] = parts.get(who, 0.0) + us
-    return {"total_us": t1 - t0, "parts": parts}
+    for e in evs[ke:kx]:
+        if e.ev == "rx":
+            rx[e.a] = rx.get(e.a, 0) + 1
+    return {"total_us": t1 - t0, "parts": parts, "rx": rx}
 
 
 def announce_section(out, n, tap):
@@ -547,10 +550,22 @@ def announce_section(out, n, tap):
             continue
         rows.append(r)
         top = sorted(r["parts"].items(), key=lambda x: -x[1])
-        L.append(f"  restart {i}: {r['total_us'] / 1000:6.2f} ms: " + ", ".join(f"{who} {us / 1000:.2f}" for who, us in top if us >= 10))
+        L.append(f"  restart {i}: {r['total_us'] / 1000:6.2f} ms: " + ", ".join(f"{who} {us / 1000:.2f}" for who, us in top if us >= 10)
+                 + rx_text(r))
     if rows:
         keys = sorted({k for r in rows for k in r["parts"]}, key=lambda k: -sum(r["parts"].get(k, 0.0) for r in rows))
         tot = sum(r["total_us"] for r in rows)
         L.append(f"  median {statistics.median(r['total_us'] for r in rows) / 1000:.2f} ms; shares of all: "
                  + ", ".join(f"{k} {sum(r['parts'].get(k, 0.0) for r in rows) / tot * 100:.0f}%" for k in keys[:8]))
+        pkts = sum(sum(r["rx"].values()) for r in rows)
+        net_rx = sum(r["parts"].get("softirq NET_RX", 0.0) for r in rows)
+        if pkts:
+            L.append(f"  inside all posts: {pkts} packets received, NET_RX {net_rx / pkts:.0f} us a packet")
     return L, rows
+
+
+def rx_text(r):
+    """The packets received inside one post, by device (traces with netif_receive_skb)."""
+    if not r["rx"]:
+        return ""
+    return "; packets received inside: " + ", ".join(f"{dev} {n}" for dev, n in sorted(r["rx"].items(), key=lambda x: -x[1]))
