@@ -46,6 +46,11 @@
 #                     link holds a small frame for the peer's delayed ACK) or 1 (their
 #                     QEMUs in a network namespace whose loopback acknowledges every
 #                     segment at once)
+#   LAB_NAPI_NICE     unset (default): each guest's eth0 does its receive work (its NAPI
+#                     poll, and rxe's receive inside it) in softirq context, the kernel's
+#                     default, where it also runs inside any syscall that re-enables bottom
+#                     halves; a nice level (-20..19): in kernel threads (threaded NAPI,
+#                     /sys/class/net/eth0/threaded) at that level (docs/RXE-LAB.md)
 #   LAB_HOSTS_NET     the segment of lab_vm_hosts: bridge (default: a Linux bridge and one TAP
 #                     per guest in a network namespace of the run's own) or vde (a vde switch)
 #   LAB_HOSTS_MTU     eth0's MTU there (default 9000 on the bridge; 1500 on vde, which
@@ -502,6 +507,8 @@ lab__check_loglevel() {
 	[[ -z ${LAB_MAXCPUS:-} || ( $LAB_MAXCPUS =~ ^[1-9][0-9]?$ && $LAB_MAXCPUS -ge ${LAB_SMP:-1} ) ]] ||
 		lab_die "LAB_MAXCPUS must be a number of vCPUs no smaller than LAB_SMP (${LAB_SMP:-1}), not '$LAB_MAXCPUS'"
 	local a args
+	[[ -z ${LAB_NAPI_NICE:-} || ( $LAB_NAPI_NICE =~ ^-?[0-9]{1,2}$ && $LAB_NAPI_NICE -ge -20 && $LAB_NAPI_NICE -le 19 ) ]] ||
+		lab_die "LAB_NAPI_NICE must be unset (eth0's receive work in softirq context) or a nice level -20..19 (threaded NAPI at that level), not '$LAB_NAPI_NICE'"
 	[[ ${LAB_KERNEL_ARGS:-} != *$'\n'* ]] || lab_die "LAB_KERNEL_ARGS must be one line"
 	read -ra args <<<"${LAB_KERNEL_ARGS:-}"
 	for a in "${args[@]}"; do
@@ -526,6 +533,7 @@ lab__qemu_guest() {
 	local append="console=ttyS0 panic=-1 oops=panic loglevel=${LAB_LOGLEVEL:-4}"
 	append+=" lab.role=$role lab.out=$out lab.script=$script lab.stage2=$LAB_GUEST_DIR/stage2"
 	[[ -z ${6:-} ]] || append+=" $6"
+	[[ -z ${LAB_NAPI_NICE:-} ]] || append+=" lab.napi_nice=$LAB_NAPI_NICE"
 	[[ -z ${LAB_KERNEL_ARGS:-} ]] || append+=" $LAB_KERNEL_ARGS"
 	exec "${LAB__QEMU_PREFIX[@]}" qemu-system-x86_64 \
 		-name "uipoib-lab-$role" \

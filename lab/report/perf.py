@@ -844,6 +844,13 @@ def recovery(a):
             bad.append(f"{len(hist)} restarts recorded for {warm} warm-up faults")
         hist = hist[warm:]
     rec = [h["recovery_ms"] for h in hist]
+    # What each guest's eth0 ran its receive work in (LAB_NAPI_NICE: lab/guest/stage2).
+    napi = {r: read_env(os.path.join(out, f"recovery-napi-{r}.txt")).get("NAPI_THREADED") for r in "ab"}
+    if any(napi.values()):
+        nice = {r: read_env(os.path.join(out, f"recovery-napi-{r}.txt")).get("NAPI_NICE") for r in "ab"}
+        L.append("eth0's receive work: " + ", ".join(
+            f"{r} " + (f"a kernel thread (threaded NAPI, nice {nice[r]})" if v == "1" else "softirq context" if v == "0" else str(v))
+            for r, v in napi.items()))
     L.append(f"poll failures injected: {n}; restarts recorded: {len(hist)}")
     for h in hist:
         ann = f"  announced {h['announced_ms']:6.1f} ms" if "announced_ms" in h else ""
