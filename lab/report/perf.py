@@ -849,7 +849,7 @@ def recovery(a):
     if any(napi.values()):
         nice = {r: read_env(os.path.join(out, f"recovery-napi-{r}.txt")).get("NAPI_NICE") for r in "ab"}
         L.append("eth0's receive work: " + ", ".join(
-            f"{r} " + (f"a kernel thread (threaded NAPI, nice {nice[r]})" if v == "1" else "softirq context" if v == "0" else str(v))
+            f"{r}: " + (f"a kernel thread (threaded NAPI, nice {nice[r]})" if v == "1" else "softirq context" if v == "0" else str(v))
             for r, v in napi.items()))
     L.append(f"poll failures injected: {n}; restarts recorded: {len(hist)}")
     for h in hist:
