@@ -546,6 +546,10 @@ def e2e_assert(out, rep):
               f"TAP tx_packets {tap.get('tx_packets')} tx_dropped {tap.get('tx_dropped')}, "
               f"rxe rcvd_pkts {port.get('rcvd_pkts')} rdma_recvs {port.get('rdma_recvs')}"
               + (f"; unreadable: {k.get('unreadable')}" if k.get("unreadable") else ""))
+        nd = k.get("netdev") or {}
+        check(nd.get("name") == "eth0" and isinstance(nd.get("napi_threaded"), bool),
+              f"daemon {r}'s stats name rxe0's netdev and where it does its receive work",
+              f"netdev {nd.get('name')}, threaded NAPI {nd.get('napi_threaded')}" if nd else "no netdev in the stats")
     for case, c in (rep.get("compare") or {}).items():
         passed = c.get("passed")
         check(passed is True, f"the comparison {case} ran and passed its checks",

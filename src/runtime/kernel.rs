@@ -3,7 +3,10 @@
 //! frames it dropped before the daemon could read them (`tx_dropped`: the TAP's queue
 //! was full), and the RDMA port's `hw_counters` (on rxe: packets received, `rdma_recvs`
 //! that found a posted receive, and the rest). Packets lost there never reach the
-//! daemon, so its own counters cannot show them.
+//! daemon, so its own counters cannot show them. Beside them, where the port's netdev
+//! does its receive work: with rxe that is where RoCE is received, and in softirq
+//! context it also runs inside the restart supervisor's system calls (README, "Running
+//! it on a real host").
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -31,6 +34,19 @@ pub struct KernelCounters {
     /// Files that could not be read or did not hold a number, with why.
     #[serde(default)]
     pub unreadable: Vec<String>,
+    /// The port's netdev (RoCE; `None` for a port without one).
+    #[serde(default)]
+    pub netdev: Option<Netdev>,
+}
+
+/// A RoCE port's netdev, and how it does its receive work.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Netdev {
+    /// Its name (the port's GID entry 0's `ndevs`).
+    pub name: String,
+    /// Threaded NAPI (`/sys/class/net/NAME/threaded`): its receive work in kernel threads
+    /// rather than in softirq context. `None` where the kernel has no such switch.
+    pub napi_threaded: Option<bool>,
 }
 
 /// Read the counters of `tap` and of `device`'s `port` under `/sys`.
@@ -50,12 +66,13 @@ pub fn read_under(sys: &Path, tap: &str, device: &str, port: u8) -> KernelCounte
         k.unreadable.push(format!("TAP name {tap:?}"));
     }
     if valid_name(device) {
-        let dir = sys
+        let port_dir = sys
             .join("class/infiniband")
             .join(device)
             .join("ports")
-            .join(port.to_string())
-            .join("hw_counters");
+            .join(port.to_string());
+        k.netdev = read_netdev(sys, &port_dir, &mut k.unreadable);
+        let dir = port_dir.join("hw_counters");
         match std::fs::read_dir(&dir) {
             Ok(entries) => {
                 let mut names: Vec<(String, PathBuf)> = entries
@@ -77,6 +94,38 @@ pub fn read_under(sys: &Path, tap: &str, device: &str, port: u8) -> KernelCounte
         k.unreadable.push(format!("device name {device:?}"));
     }
     k
+}
+
+/// The netdev of the port at `port_dir`, if it has one (an InfiniBand port has none: its
+/// `ndevs` entry cannot be read), and its threaded NAPI switch.
+fn read_netdev(sys: &Path, port_dir: &Path, unreadable: &mut Vec<String>) -> Option<Netdev> {
+    let name = std::fs::read_to_string(port_dir.join("gid_attrs/ndevs/0")).ok()?;
+    let name = name.trim().to_string();
+    if !valid_name(&name) {
+        unreadable.push(format!("netdev name {name:?}"));
+        return None;
+    }
+    let path = sys.join("class/net").join(&name).join("threaded");
+    let napi_threaded = match std::fs::read_to_string(&path) {
+        Ok(t) => match t.trim() {
+            "0" => Some(false),
+            "1" => Some(true),
+            other => {
+                unreadable.push(format!("{}: not 0 or 1: {other:?}", path.display()));
+                None
+            }
+        },
+        // A kernel before 5.12 has no switch: its receive work is in softirq context.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            unreadable.push(format!("{}: {e}", path.display()));
+            None
+        }
+    };
+    Some(Netdev {
+        name,
+        napi_threaded,
+    })
 }
 
 /// A name that is one path component.
@@ -127,6 +176,18 @@ impl KernelCounters {
             &format!("{device} port {port} hw_counters"),
             &self.port,
         );
+        if let Some(n) = &self.netdev {
+            let how = match n.napi_threaded {
+                Some(true) => "in kernel threads (threaded NAPI)",
+                Some(false) => "in softirq context (threaded NAPI off)",
+                None => "in softirq context (no threaded NAPI switch)",
+            };
+            let _ = writeln!(
+                s,
+                "kernel {device} port {port} netdev {}: receive work {how}",
+                n.name
+            );
+        }
         for u in &self.unreadable {
             let _ = writeln!(s, "kernel counter unreadable: {u}");
         }
@@ -163,6 +224,7 @@ mod tests {
         write(&hw.join("rdma_recvs"), "90\n");
         write(&hw.join("lifespan"), "10\n");
         let k = read_under(&root, "uip0", "rxe0", 1);
+        assert_eq!(k.netdev, None, "no ndevs entry: no netdev");
         assert_eq!(k.tap["tx_dropped"], 7);
         assert_eq!(k.tap["rx_packets"], 10);
         assert!(!k.tap.contains_key("tx_errors"));
@@ -174,6 +236,52 @@ mod tests {
         assert!(text.contains("kernel TAP uip0"), "{text}");
         assert!(text.contains("tx_dropped                 7"), "{text}");
         assert!(text.contains("rxe0 port 1 hw_counters"), "{text}");
+
+        // The port's netdev and its receive work, as the kernel says; a kernel without the
+        // switch; a value that is neither.
+        write(
+            &root.join("class/infiniband/rxe0/ports/1/gid_attrs/ndevs/0"),
+            "eth0\n",
+        );
+        let threaded = root.join("class/net/eth0/threaded");
+        for (v, want) in [("1\n", Some(true)), ("0\n", Some(false))] {
+            write(&threaded, v);
+            let k = read_under(&root, "uip0", "rxe0", 1);
+            let n = k.netdev.expect("a netdev");
+            assert_eq!((n.name.as_str(), n.napi_threaded), ("eth0", want));
+        }
+        let text = read_under(&root, "uip0", "rxe0", 1).to_text("uip0", "rxe0", 1);
+        assert!(
+            text.contains("rxe0 port 1 netdev eth0: receive work in softirq context"),
+            "{text}"
+        );
+        std::fs::remove_file(&threaded).unwrap();
+        let k = read_under(&root, "uip0", "rxe0", 1);
+        assert_eq!(k.netdev.as_ref().unwrap().napi_threaded, None);
+        assert_eq!(
+            k.unreadable.len(),
+            1,
+            "a missing switch is not an error: {k:?}"
+        );
+        write(&threaded, "2\n");
+        let k = read_under(&root, "uip0", "rxe0", 1);
+        assert_eq!(k.netdev.as_ref().unwrap().napi_threaded, None);
+        assert!(
+            k.unreadable
+                .iter()
+                .any(|u| u.contains("threaded") && u.contains("\"2\"")),
+            "{k:?}"
+        );
+        write(
+            &root.join("class/infiniband/rxe0/ports/1/gid_attrs/ndevs/0"),
+            "../x\n",
+        );
+        let k = read_under(&root, "uip0", "rxe0", 1);
+        assert_eq!(k.netdev, None);
+        assert!(
+            k.unreadable.iter().any(|u| u.contains("netdev name")),
+            "{k:?}"
+        );
 
         // A port without hw_counters (an empty map, not an error), and names that are not
         // one path component.
