@@ -65,7 +65,7 @@ LAB_SCRIPTS_DIR=$LAB_REPO_ROOT/scripts
 LAB_CACHE=${UIPOIB_LAB_CACHE:-/var/cache/uipoib-lab}
 
 # Packages the VM runner needs on the host (their binaries also run inside the guests).
-LAB_VM_PKGS=(qemu-system-x86 busybox-static rdma-core ibverbs-utils perftest iperf3
+LAB_VM_PKGS=(qemu-system-x86 busybox-static rdma-core ibverbs-utils perftest iperf3 procps
 	iproute2 iputils-ping kmod util-linux coreutils gzip)
 # ... and what lab_vm_hosts needs besides: the switch.
 LAB_HOSTS_PKGS=(vde2)
@@ -507,7 +507,7 @@ lab__check_loglevel() {
 	[[ -z ${LAB_MAXCPUS:-} || ( $LAB_MAXCPUS =~ ^[1-9][0-9]?$ && $LAB_MAXCPUS -ge ${LAB_SMP:-1} ) ]] ||
 		lab_die "LAB_MAXCPUS must be a number of vCPUs no smaller than LAB_SMP (${LAB_SMP:-1}), not '$LAB_MAXCPUS'"
 	local a args
-	[[ -z ${LAB_NAPI_NICE:-} || ( $LAB_NAPI_NICE =~ ^-?[0-9]{1,2}$ && $LAB_NAPI_NICE -ge -20 && $LAB_NAPI_NICE -le 19 ) ]] ||
+	[[ -z ${LAB_NAPI_NICE:-} || ( $LAB_NAPI_NICE =~ ^-?(0|[1-9][0-9]?)$ && $LAB_NAPI_NICE -ge -20 && $LAB_NAPI_NICE -le 19 ) ]] ||
 		lab_die "LAB_NAPI_NICE must be unset (eth0's receive work in softirq context) or a nice level -20..19 (threaded NAPI at that level), not '$LAB_NAPI_NICE'"
 	[[ ${LAB_KERNEL_ARGS:-} != *$'\n'* ]] || lab_die "LAB_KERNEL_ARGS must be one line"
 	read -ra args <<<"${LAB_KERNEL_ARGS:-}"

@@ -845,11 +845,15 @@ def recovery(a):
         hist = hist[warm:]
     rec = [h["recovery_ms"] for h in hist]
     # What each guest's eth0 ran its receive work in (LAB_NAPI_NICE: lab/guest/stage2).
-    napi = {r: read_env(os.path.join(out, f"recovery-napi-{r}.txt")).get("NAPI_THREADED") for r in "ab"}
-    if any(napi.values()):
-        nice = {r: read_env(os.path.join(out, f"recovery-napi-{r}.txt")).get("NAPI_NICE") for r in "ab"}
+    napi = {}
+    for r in "ab":
+        e = read_env(os.path.join(out, f"recovery-napi-{r}.txt"))
+        if e:
+            napi[r] = dict(threaded=e.get("NAPI_THREADED"), nice=e.get("NAPI_NICE") or None)
+    if napi:
         L.append("eth0's receive work: " + ", ".join(
-            f"{r}: " + (f"a kernel thread (threaded NAPI, nice {nice[r]})" if v == "1" else "softirq context" if v == "0" else str(v))
+            f"{r}: " + (f"kernel threads (threaded NAPI, nice {v['nice'] or 'unknown'})" if v["threaded"] == "1"
+                        else "softirq context" if v["threaded"] == "0" else f"unknown ({v['threaded']})")
             for r, v in napi.items()))
     L.append(f"poll failures injected: {n}; restarts recorded: {len(hist)}")
     for h in hist:
@@ -886,7 +890,7 @@ def recovery(a):
         lines, traced = announce_section(out, n, "uip0")
         L.extend(lines)
     L.append("RESULT: " + ("OK" if not bad else "FAILED: " + "; ".join(bad)))
-    rep = {"faults": n, "load": load, "restarts": hist, "iperf3": session, "capture": capture, "announce_traced": traced}
+    rep = {"faults": n, "load": load, "napi": napi, "restarts": hist, "iperf3": session, "capture": capture, "announce_traced": traced}
     return finish(out, "recovery", "recovery-report.txt", "recovery-report.json", "\n".join(L) + "\n", rep, not bad, bad)
 
 

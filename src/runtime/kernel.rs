@@ -40,7 +40,7 @@ pub struct KernelCounters {
 }
 
 /// A RoCE port's netdev, and how it does its receive work.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Netdev {
     /// Its name (the port's GID entry 0's `ndevs`).
     pub name: String,
@@ -97,10 +97,22 @@ pub fn read_under(sys: &Path, tap: &str, device: &str, port: u8) -> KernelCounte
 }
 
 /// The netdev of the port at `port_dir`, if it has one (an InfiniBand port has none: its
-/// `ndevs` entry cannot be read), and its threaded NAPI switch.
+/// `ndevs` entry is missing or refuses the read, EINVAL), and its threaded NAPI switch.
 fn read_netdev(sys: &Path, port_dir: &Path, unreadable: &mut Vec<String>) -> Option<Netdev> {
-    let name = std::fs::read_to_string(port_dir.join("gid_attrs/ndevs/0")).ok()?;
-    let name = name.trim().to_string();
+    let path = port_dir.join("gid_attrs/ndevs/0");
+    let name = match std::fs::read_to_string(&path) {
+        Ok(n) => n.trim().to_string(),
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                || e.raw_os_error() == Some(libc::EINVAL) =>
+        {
+            return None;
+        }
+        Err(e) => {
+            unreadable.push(format!("{}: {e}", path.display()));
+            return None;
+        }
+    };
     if !valid_name(&name) {
         unreadable.push(format!("netdev name {name:?}"));
         return None;
@@ -109,9 +121,10 @@ fn read_netdev(sys: &Path, port_dir: &Path, unreadable: &mut Vec<String>) -> Opt
     let napi_threaded = match std::fs::read_to_string(&path) {
         Ok(t) => match t.trim() {
             "0" => Some(false),
-            "1" => Some(true),
+            // 2: threaded with busy polling (newer kernels).
+            "1" | "2" => Some(true),
             other => {
-                unreadable.push(format!("{}: not 0 or 1: {other:?}", path.display()));
+                unreadable.push(format!("{}: not 0, 1 or 2: {other:?}", path.display()));
                 None
             }
         },
@@ -244,17 +257,26 @@ mod tests {
             "eth0\n",
         );
         let threaded = root.join("class/net/eth0/threaded");
-        for (v, want) in [("1\n", Some(true)), ("0\n", Some(false))] {
+        let said = |k: &KernelCounters| {
+            k.to_text("uip0", "rxe0", 1)
+                .lines()
+                .find(|l| l.contains("netdev"))
+                .map(str::to_string)
+        };
+        for (v, want, text) in [
+            ("1\n", Some(true), "in kernel threads (threaded NAPI)"),
+            ("2\n", Some(true), "in kernel threads (threaded NAPI)"),
+            ("0\n", Some(false), "in softirq context (threaded NAPI off)"),
+        ] {
             write(&threaded, v);
             let k = read_under(&root, "uip0", "rxe0", 1);
-            let n = k.netdev.expect("a netdev");
+            let n = k.netdev.as_ref().expect("a netdev");
             assert_eq!((n.name.as_str(), n.napi_threaded), ("eth0", want));
+            assert_eq!(
+                said(&k).as_deref(),
+                Some(format!("kernel rxe0 port 1 netdev eth0: receive work {text}").as_str())
+            );
         }
-        let text = read_under(&root, "uip0", "rxe0", 1).to_text("uip0", "rxe0", 1);
-        assert!(
-            text.contains("rxe0 port 1 netdev eth0: receive work in softirq context"),
-            "{text}"
-        );
         std::fs::remove_file(&threaded).unwrap();
         let k = read_under(&root, "uip0", "rxe0", 1);
         assert_eq!(k.netdev.as_ref().unwrap().napi_threaded, None);
@@ -263,13 +285,14 @@ mod tests {
             1,
             "a missing switch is not an error: {k:?}"
         );
-        write(&threaded, "2\n");
+        assert!(said(&k).unwrap().ends_with("(no threaded NAPI switch)"));
+        write(&threaded, "x\n");
         let k = read_under(&root, "uip0", "rxe0", 1);
         assert_eq!(k.netdev.as_ref().unwrap().napi_threaded, None);
         assert!(
             k.unreadable
                 .iter()
-                .any(|u| u.contains("threaded") && u.contains("\"2\"")),
+                .any(|u| u.contains("threaded") && u.contains("\"x\"")),
             "{k:?}"
         );
         write(
