@@ -3,7 +3,7 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::record::{Record, rates_for_restore, records_since};
+use super::record::{Record, iperf3_back, rates_for_restore, records_since};
 use super::report::AtRest;
 use super::report::Outcome;
 use super::run::Runner;
@@ -30,6 +30,8 @@ impl Runner {
         };
         let deadline = Instant::now() + e.within;
         let want_restarts = e.restarts.or(e.restarts_at_least);
+        let intervals = load.as_ref().map(|l| l.intervals.clone());
+        let waits_for_iperf3 = e.iperf3_resumed == Some(true);
         let (mut now, mut status);
         loop {
             (now, status) = self.refresh(r, &sampler.snapshot());
@@ -51,7 +53,11 @@ impl Runner {
                     !matches!((baseline(before), now), (Some(b), Some(n)) if n >= f * b)
                 })
                 || e.detected_within_ms.is_some() && rep.detected_unix_ms.is_none()
-                || e.ledger_balanced.is_some() && rep.ledger_balanced != Some(true);
+                || e.ledger_balanced.is_some() && rep.ledger_balanced != Some(true)
+                || waits_for_iperf3
+                    && intervals
+                        .as_ref()
+                        .is_some_and(|iv| !iperf3_back(r, &super::traffic::lock(iv)));
             if !pending || Instant::now() >= deadline {
                 break;
             }
@@ -278,7 +284,8 @@ impl Runner {
             );
         }
         if e.iperf3_resumed.is_some() {
-            // Checked when the load has stopped: the intervals after the fault count.
+            // Waited for above (when wanted); the verdict when the load has stopped: the
+            // intervals after the fault count.
             r.want_iperf3_resumed = e.iperf3_resumed;
         }
         out

@@ -400,8 +400,10 @@ pub struct Expect {
     /// After a `kill`: a new daemon (another pid, the same command line) answers on the
     /// control socket.
     pub new_daemon: Option<bool>,
-    /// The load's iperf3 intervals after the fault's longest ~0-byte stretch hold bytes
-    /// (checked when the load has stopped, since later intervals count).
+    /// The load's iperf3 intervals after the fault's longest ~0-byte stretch hold bytes:
+    /// `true` waits (up to `within`) for such an interval, since TCP's backed-off
+    /// retransmission timer may take seconds more than the daemon to come back; the
+    /// verdict is taken when the load has stopped, since later intervals count.
     pub iperf3_resumed: Option<bool>,
 }
 

@@ -284,6 +284,19 @@ impl Runner {
     }
 }
 
+/// Whether the load's iperf3 has moved data after the fault of `r` by the measure the
+/// `iperf3_resumed` verdict takes when the load stops ([`iperf3_windows`]): an interval
+/// after the fault's longest ~0-byte stretch so far, with bytes. An `expect` waits for
+/// it within its `within_ms`: after a long outage TCP's retransmission timer has backed
+/// off, and its next try may come seconds after the daemon is back.
+pub(super) fn iperf3_back(r: &Record, iv: &[Interval]) -> bool {
+    let from = r.rep.injected_unix_ms.unwrap_or(r.opened_ms);
+    let (_, w) = gaps::analyse(iv, &[(from, unix_ms())]);
+    w.first()
+        .and_then(Option::as_ref)
+        .is_some_and(|w| w.intervals_after > 0 && w.bytes_after > 0.0)
+}
+
 /// The load's iperf3 intervals around every record's fault (see [`super::gaps`]), and
 /// the `iperf3_resumed` checks the records' expectations asked for. `None` when the
 /// load printed no interval line.

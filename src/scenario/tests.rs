@@ -757,6 +757,56 @@ warmup_ms = 2000
 }
 
 #[test]
+fn an_expect_waits_for_iperf3_to_move_again_after_its_outage() {
+    // The load prints a quarter-second interval every quarter second; the fault makes
+    // it print 0-byte intervals for 1.5 s (TCP backing off after an outage), then data
+    // again. The expect comes right after the fault and the load stops 100 ms after
+    // it: only a wait inside the expect leaves an interval with data after the outage.
+    let dir = std::env::temp_dir().join(format!("uipoib-iperf3-back-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mark = dir.join("outage");
+    let m = mark.display();
+    let t0 = std::time::Instant::now();
+    let r = run_fake(
+        "iperf3-back",
+        |sock| fake_daemon_moving(sock, usize::MAX, |ms| ms * 1000),
+        &format!(
+            r#"
+name = "iperf3-back"
+description = "an expect waits for iperf3's data after the outage"
+
+step = [
+    {{ do = "wait", ms = 1000 }},
+    {{ do = "exec", fault = "probe", command = ["touch", "{m}"] }},
+    {{ do = "expect", within_ms = 10000, iperf3_resumed = true }},
+    {{ do = "wait", ms = 100 }},
+]
+
+[traffic]
+command = "s=0 z=0; while :; do e=$((s+25)); b=256; if [ -e '{m}' ]; then b=0; z=$((z+1)); [ $z -lt 6 ] || rm -f '{m}'; fi; printf '[  5]   %d.%02d-%d.%02d   sec   %d KBytes  8.39 Mbits/sec    0   100 KBytes\n' $((s/100)) $((s%100)) $((e/100)) $((e%100)) $b; s=$e; sleep 0.25; done"
+warmup_ms = 1500
+"#
+        ),
+    );
+    let took = t0.elapsed();
+    let _ = std::fs::remove_dir_all(&dir);
+    let f = &r.faults[0];
+    let w = f.iperf3.as_ref().expect("the fault's window");
+    assert!(w.gap_ms >= 1000.0, "{w:?}");
+    assert!(w.intervals_after >= 1 && w.bytes_after > 0.0, "{w:?}");
+    let o = f
+        .expectations
+        .iter()
+        .find(|o| o.what == "iperf3 moved data after the fault")
+        .expect("the deferred check");
+    assert!(o.ok, "{o:?}");
+    assert!(r.passed, "{:?}", r.failures);
+    // It waited for the outage's end, and no longer than the load needed.
+    assert!(took < std::time::Duration::from_secs(9), "{took:?}");
+}
+
+#[test]
 fn the_report_keeps_the_samples_up_to_the_cap_and_counts_the_rest() {
     let scenario = r#"
 name = "series"
