@@ -622,6 +622,42 @@ lab_vm_run() {
 	return "$fail"
 }
 
+# lab__host_cpu: the host's CPU time so far, /proc/stat's first line without its name
+# (user nice system idle iowait irq softirq steal ..., in ticks).
+lab__host_cpu() {
+	local _name rest
+	read -r _name rest </proc/stat
+	echo "$rest"
+}
+
+# lab__host_cpu_write OUTDIR BEFORE SECS: where the host's CPU time went since BEFORE (a
+# lab__host_cpu line), over a boot of SECS seconds: busy here (the guests' emulation and
+# everything else on the host), stolen (the hypervisor ran someone else: on a shared
+# cloud machine the guests then run slower by about that share, and a boot's timings
+# are comparable only with boots of a similar share), idle. Written to
+# OUTDIR/host-cpu.txt (HOST_CPUS, HOST_CPU_SECS, HOST_CPU_BUSY_PCT, HOST_CPU_STEAL_PCT,
+# HOST_CPU_IDLE_PCT; every report prints it) and logged; nothing when /proc/stat says
+# nothing usable.
+lab__host_cpu_write() {
+	local out=$1 before=$2 secs=$3 text
+	rm -f "$out/host-cpu.txt"
+	text=$(awk -v b="$before" -v a="$(lab__host_cpu)" -v s="$secs" -v n="$(nproc)" 'BEGIN {
+		if (split(b, x, " ") < 8 || split(a, y, " ") < 8) exit 1
+		for (i = 1; i <= 8; i++) { d[i] = y[i] - x[i]; t += d[i] }
+		if (t <= 0) exit 1
+		printf "HOST_CPUS=%d\nHOST_CPU_SECS=%d\n", n, s
+		printf "HOST_CPU_BUSY_PCT=%.1f\n", 100 * (d[1] + d[2] + d[3] + d[6] + d[7]) / t
+		printf "HOST_CPU_STEAL_PCT=%.1f\n", 100 * d[8] / t
+		printf "HOST_CPU_IDLE_PCT=%.1f\n", 100 * (d[4] + d[5]) / t
+	}') || return 0
+	echo "$text" >"$out/host-cpu.txt"
+	local busy steal idle
+	busy=$(sed -n 's/^HOST_CPU_BUSY_PCT=//p' <<<"$text")
+	steal=$(sed -n 's/^HOST_CPU_STEAL_PCT=//p' <<<"$text")
+	idle=$(sed -n 's/^HOST_CPU_IDLE_PCT=//p' <<<"$text")
+	lab_log "host CPU over the boot ($(nproc) cores, ${secs}s): ${busy}% busy, ${steal}% stolen by the hypervisor, ${idle}% idle"
+}
+
 # lab__boot_pair OUTDIR SCRIPT_A SCRIPT_B LINK TIMEOUT: one boot of the two guests, until
 # both have powered off, TIMEOUT seconds have passed or a guest's link stalled
 # (lab__stalled). Sets LAB__BOOT_END (done, timeout or stalled: the second argument of
@@ -629,7 +665,8 @@ lab_vm_run() {
 # line) and LAB__BOOT_SECS.
 lab__boot_pair() {
 	local out=$1 sa=$2 sb=$3 link=$4 timeout=$5
-	local start=$SECONDS port pa pb attempt up
+	local start=$SECONDS port pa pb attempt up cpu0
+	cpu0=$(lab__host_cpu)
 	LAB__BOOT_END=done LAB__BOOT_STALL=''
 	if [[ $link == bridge ]]; then
 		lab__bridge 9000 uipoib-a uipoib-b
@@ -703,6 +740,7 @@ lab__boot_pair() {
 		lab__kill_switches
 	fi
 	LAB__BOOT_SECS=$((SECONDS - start))
+	lab__host_cpu_write "$out" "$cpu0" "$LAB__BOOT_SECS"
 }
 
 # lab_stall_check OUTDIR: the stall handling of lab_vm_run checked with a stall line
@@ -807,7 +845,8 @@ lab_vm_hosts() {
 		lab__bridge "$mtu" $(seq -f 'uipoib-h%g' 1 "$n")
 	fi
 
-	local start=$SECONDS pids=() nd
+	local start=$SECONDS pids=() nd cpu0
+	cpu0=$(lab__host_cpu)
 	lab_log "kernel $LAB_KVER; booting $n guests on one $net segment (eth0 mtu $mtu; $script); out=$out; timeout ${timeout}s"
 	for k in $(seq 1 "$n"); do
 		if [[ $net == vde ]]; then
@@ -848,6 +887,7 @@ lab_vm_hosts() {
 	done
 	lab__kill_guests
 	lab__kill_switches
+	lab__host_cpu_write "$out" "$cpu0" "$((SECONDS - start))"
 
 	local fail=0
 	# shellcheck disable=SC2046 # the guest names, one word each

@@ -263,16 +263,40 @@ def lab_stalls(out):
     return [x for x in t.split("\n") if x.strip()]
 
 
+def host_cpu(out):
+    """Where the host's CPU time went over the run's boot (lab/lib.sh writes
+    host-cpu.txt from /proc/stat): {cpus, secs, busy_pct, steal_pct, idle_pct}, or None.
+    Steal is time the hypervisor gave to other machines: the guests' emulation ran
+    slower by about that share."""
+    e = read_env(os.path.join(out, "host-cpu.txt"))
+    keys = {"cpus": "HOST_CPUS", "secs": "HOST_CPU_SECS", "busy_pct": "HOST_CPU_BUSY_PCT",
+            "steal_pct": "HOST_CPU_STEAL_PCT", "idle_pct": "HOST_CPU_IDLE_PCT"}
+    try:
+        return {k: float(e[v]) for k, v in keys.items()}
+    except (KeyError, ValueError):
+        return None
+
+
+def host_cpu_text(h):
+    return (f"host CPU over the boot ({h['cpus']:.0f} cores, {h['secs']:.0f} s): {h['busy_pct']:.1f}% busy, "
+            f"{h['steal_pct']:.1f}% stolen by the hypervisor (the guests ran slower by about that share), "
+            f"{h['idle_pct']:.1f}% idle")
+
+
 def finish(out, kind, txt_name, json_name, t, rep, ok, failures):
     """Prints the text, writes it and the JSON report (with the envelope); the exit status.
-    A run whose boots were repeated after a stalled link says so before its verdict."""
+    A run whose boots were repeated after a stalled link says so before its verdict, and
+    every report says where the host's CPU time went during the boot (host_cpu)."""
     stalls = lab_stalls(out)
-    if stalls:
-        note = "".join(f"lab: {x}\n" for x in stalls)
+    cpu = host_cpu(out)
+    notes = [f"lab: {x}" for x in stalls] + ([f"lab: {host_cpu_text(cpu)}"] if cpu else [])
+    if notes:
+        note = "".join(f"{x}\n" for x in notes)
         lines = t.splitlines(keepends=True)
         at = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].startswith("RESULT:")), len(lines))
         t = "".join(lines[:at]) + note + "".join(lines[at:])
-    rep = {**rep, "kind": kind, "ok": bool(ok), "failures": [] if ok else list(failures), "lab_stalls": stalls}
+    rep = {**rep, "kind": kind, "ok": bool(ok), "failures": [] if ok else list(failures), "lab_stalls": stalls,
+           "host_cpu": cpu}
     with open(os.path.join(out, txt_name), "w", encoding="utf-8") as f:
         f.write(t)
     with open(os.path.join(out, json_name), "w", encoding="utf-8") as f:
