@@ -579,7 +579,7 @@ lab_vm_run() {
 	for r in a b; do
 		rm -f "$out/$r.log" "$out/$r.rc" "$out/$r.console" "$out/$r.qemu.log" "$out/$r.dmesg"
 	done
-	rm -f "$out/link.txt"
+	rm -f "$out/link.txt" "$out/host-cpu.txt"
 
 	local link=${LAB_LINK:-socket}
 	[[ $link == bridge || $link == socket ]] ||
@@ -641,7 +641,7 @@ lab__host_cpu() {
 lab__host_cpu_write() {
 	local out=$1 before=$2 secs=$3 text
 	rm -f "$out/host-cpu.txt"
-	text=$(awk -v b="$before" -v a="$(lab__host_cpu)" -v s="$secs" -v n="$(nproc)" 'BEGIN {
+	text=$(awk -v b="$before" -v a="$(lab__host_cpu)" -v s="$secs" -v n="$(nproc --all)" 'BEGIN {
 		if (split(b, x, " ") < 8 || split(a, y, " ") < 8) exit 1
 		for (i = 1; i <= 8; i++) { d[i] = y[i] - x[i]; t += d[i] }
 		if (t <= 0) exit 1
@@ -650,12 +650,13 @@ lab__host_cpu_write() {
 		printf "HOST_CPU_STEAL_PCT=%.1f\n", 100 * d[8] / t
 		printf "HOST_CPU_IDLE_PCT=%.1f\n", 100 * (d[4] + d[5]) / t
 	}') || return 0
-	echo "$text" >"$out/host-cpu.txt"
+	echo "$text" >"$out/host-cpu.txt" || return 0
 	local busy steal idle
-	busy=$(sed -n 's/^HOST_CPU_BUSY_PCT=//p' <<<"$text")
-	steal=$(sed -n 's/^HOST_CPU_STEAL_PCT=//p' <<<"$text")
-	idle=$(sed -n 's/^HOST_CPU_IDLE_PCT=//p' <<<"$text")
-	lab_log "host CPU over the boot ($(nproc) cores, ${secs}s): ${busy}% busy, ${steal}% stolen by the hypervisor, ${idle}% idle"
+	busy=$(sed -n 's/^HOST_CPU_BUSY_PCT=//p' <<<"$text") || true
+	steal=$(sed -n 's/^HOST_CPU_STEAL_PCT=//p' <<<"$text") || true
+	idle=$(sed -n 's/^HOST_CPU_IDLE_PCT=//p' <<<"$text") || true
+	lab_log "host CPU over the boot ($(nproc --all) cores, ${secs}s): ${busy}% busy, ${steal}% stolen by the hypervisor, ${idle}% idle"
+	return 0
 }
 
 # lab__boot_pair OUTDIR SCRIPT_A SCRIPT_B LINK TIMEOUT: one boot of the two guests, until
@@ -861,7 +862,7 @@ lab_vm_hosts() {
 	done
 
 	local end=done alive pid stall
-	rm -f "$out/lab-stalls.txt"
+	rm -f "$out/lab-stalls.txt" "$out/host-cpu.txt"
 	LAB__SEEN=()
 	while :; do
 		alive=

@@ -18,8 +18,9 @@ impl Runner {
         e: &Expect,
         r: &mut Record,
         sampler: &Sampler,
-        load: Option<&mut Load>,
+        mut load: Option<&mut Load>,
         healthy: Option<(f64, String)>,
+        first_fault_unix_ms: u64,
     ) -> Vec<Outcome> {
         // The rate `rate_restored` compares with: an earlier fault's (the run's first
         // measured), else this one's; a window without traffic is no baseline (any rate
@@ -55,9 +56,10 @@ impl Runner {
                 || e.detected_within_ms.is_some() && rep.detected_unix_ms.is_none()
                 || e.ledger_balanced.is_some() && rep.ledger_balanced != Some(true)
                 || waits_for_iperf3
-                    && intervals
-                        .as_ref()
-                        .is_some_and(|iv| !iperf3_back(r, &super::traffic::lock(iv)));
+                    && load.as_deref_mut().is_some_and(Load::running)
+                    && intervals.as_ref().is_some_and(|iv| {
+                        !iperf3_back(r, first_fault_unix_ms, &super::traffic::lock(iv))
+                    });
             if !pending || Instant::now() >= deadline {
                 break;
             }

@@ -127,6 +127,23 @@ pub(super) fn analyse(
     (session, per_fault)
 }
 
+/// Whether an interval that starts at `from` (ms since the Unix epoch) or later moved
+/// more than ~0 bytes, ~0 measured as by [`analyse`] with `first` the run's first fault
+/// (the steady rate is taken before it).
+pub(super) fn moved_after(iv: &[Interval], first: u64, from: u64) -> bool {
+    let placed = place(iv);
+    let steady: Vec<f64> = placed
+        .iter()
+        .skip(1)
+        .filter(|p| p.end <= first as f64)
+        .map(|p| p.bytes)
+        .collect();
+    let zero_limit = median(steady).map_or(ZERO_WITHOUT_BASELINE, |b| b * 0.01);
+    placed
+        .iter()
+        .any(|p| p.start >= from as f64 - 1.0 && p.bytes >= zero_limit)
+}
+
 fn window(
     placed: &[Placed],
     t: f64,
@@ -236,6 +253,29 @@ mod tests {
         assert_eq!((w.gap_ms, w.back_ms, w.gap_from_ms), (0.0, 0.0, None));
         assert_eq!(w.min_pct, Some(25.0));
         assert!(w.bytes_after > 0.0);
+    }
+
+    #[test]
+    fn moved_after_counts_only_intervals_from_the_given_time_above_the_zero_limit() {
+        let m = 10e6;
+        // Read 30 ms after each end: the test started at 30 ms. Steady to 4 s, the first
+        // fault at 4.5 s, 1% of steady at 5-6 s (not ~0: at the limit), ~0 to 8 s, then
+        // data from 8 s.
+        let iv = series(0, &[m, m, m, m, m, m * 0.01, 10.0, 10.0, m, m]);
+        assert!(moved_after(&iv, 4_530, 8_030), "the data from 8 s");
+        assert!(moved_after(&iv, 4_530, 5_030), "1% of steady is data");
+        assert!(
+            !moved_after(&iv, 4_530, 9_100),
+            "nothing starts after 9.1 s"
+        );
+        // ~0 alone after the time: no.
+        let iv = series(0, &[m, m, m, m, m, 10.0, 10.0, 10.0]);
+        assert!(!moved_after(&iv, 4_530, 5_030));
+        // Without a steady rate before the first fault the limit is 64 KiB.
+        let iv = series(0, &[70e3, 60e3]);
+        assert!(moved_after(&iv, 0, 30));
+        assert!(!moved_after(&iv, 0, 1_030));
+        assert!(!moved_after(&[], 0, 0));
     }
 
     #[test]

@@ -284,17 +284,20 @@ impl Runner {
     }
 }
 
-/// Whether the load's iperf3 has moved data after the fault of `r` by the measure the
-/// `iperf3_resumed` verdict takes when the load stops ([`iperf3_windows`]): an interval
-/// after the fault's longest ~0-byte stretch so far, with bytes. An `expect` waits for
-/// it within its `within_ms`: after a long outage TCP's retransmission timer has backed
-/// off, and its next try may come seconds after the daemon is back.
-pub(super) fn iperf3_back(r: &Record, iv: &[Interval]) -> bool {
-    let from = r.rep.injected_unix_ms.unwrap_or(r.opened_ms);
-    let (_, w) = gaps::analyse(iv, &[(from, unix_ms())]);
-    w.first()
-        .and_then(Option::as_ref)
-        .is_some_and(|w| w.intervals_after > 0 && w.bytes_after > 0.0)
+/// Whether the load's iperf3 has moved data again after the fault of `r`: an interval
+/// that starts once the daemon's counters saw traffic move again after the fault (or,
+/// after a kill, once the new daemon answered) and holds more than ~0 bytes (~0 as the
+/// verdict of [`iperf3_windows`] measures it, the steady rate taken before `first`, the
+/// run's first fault). An `expect` waits for it within its `within_ms`: after a long
+/// outage TCP's retransmission timer has backed off, and its next try may come seconds
+/// after the daemon is back. Never true before the traffic has resumed, so an interval
+/// printed between the fault and the outage showing in iperf3 does not count.
+pub(super) fn iperf3_back(r: &Record, first: u64, iv: &[Interval]) -> bool {
+    let up = r.rep.daemon.as_ref().and_then(|d| d.up_unix_ms);
+    match (r.rep.resumed_unix_ms, up) {
+        (None, None) => false,
+        (a, b) => gaps::moved_after(iv, first, a.max(b).unwrap_or(0)),
+    }
 }
 
 /// The load's iperf3 intervals around every record's fault (see [`super::gaps`]), and

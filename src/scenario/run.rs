@@ -415,11 +415,15 @@ impl Runner {
                                     .map(|b| (b, name.clone()))
                             })
                         });
+                        let first = records
+                            .first()
+                            .map(|f| f.rep.injected_unix_ms.unwrap_or(f.opened_ms));
                         let Some(r) = records.last_mut() else {
                             continue; // refused when loading
                         };
+                        let first = first.unwrap_or(r.opened_ms);
                         self.say(&format!("{at}: expect (up to {} ms)", e.within.as_millis()));
-                        let outcomes = self.expect(e, r, &sampler, load.as_mut(), healthy);
+                        let outcomes = self.expect(e, r, &sampler, load.as_mut(), healthy, first);
                         for o in &outcomes {
                             self.say(&format!(
                                 "{at}: {} {}: {}",
