@@ -85,6 +85,22 @@ fn longest_run<'a>(
     best
 }
 
+/// The steady rate (the median bytes of the intervals before `first`, the first fault,
+/// the slow start left out) and the ~0 limit taken from it.
+fn steady(placed: &[Placed], first: Option<f64>) -> (Option<f64>, f64) {
+    let before: Vec<f64> = placed
+        .iter()
+        .skip(1)
+        .filter(|p| first.is_none_or(|f| p.end <= f))
+        .map(|p| p.bytes)
+        .collect();
+    let baseline = median(before);
+    (
+        baseline,
+        baseline.map_or(ZERO_WITHOUT_BASELINE, |b| b * 0.01),
+    )
+}
+
 /// The whole session and each fault's window. `faults` are the faults' injection
 /// times and the ends of their windows (the next fault, or the end of the load), in
 /// order.
@@ -93,15 +109,7 @@ pub(super) fn analyse(
     faults: &[(u64, u64)],
 ) -> (Iperf3Session, Vec<Option<Iperf3Window>>) {
     let placed = place(iv);
-    let first = faults.first().map(|(t, _)| *t as f64);
-    let steady: Vec<f64> = placed
-        .iter()
-        .skip(1)
-        .filter(|p| first.is_none_or(|f| p.end <= f))
-        .map(|p| p.bytes)
-        .collect();
-    let baseline = median(steady);
-    let zero_limit = baseline.map_or(ZERO_WITHOUT_BASELINE, |b| b * 0.01);
+    let (baseline, zero_limit) = steady(&placed, faults.first().map(|(t, _)| *t as f64));
     let windows: Vec<(f64, f64)> = faults
         .iter()
         .map(|(t, end)| (*t as f64 - BEFORE_MS, *end as f64))
@@ -132,13 +140,7 @@ pub(super) fn analyse(
 /// (the steady rate is taken before it).
 pub(super) fn moved_after(iv: &[Interval], first: u64, from: u64) -> bool {
     let placed = place(iv);
-    let steady: Vec<f64> = placed
-        .iter()
-        .skip(1)
-        .filter(|p| p.end <= first as f64)
-        .map(|p| p.bytes)
-        .collect();
-    let zero_limit = median(steady).map_or(ZERO_WITHOUT_BASELINE, |b| b * 0.01);
+    let (_, zero_limit) = steady(&placed, Some(first as f64));
     placed
         .iter()
         .any(|p| p.start >= from as f64 - 1.0 && p.bytes >= zero_limit)
