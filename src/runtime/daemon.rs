@@ -254,6 +254,7 @@ fn start(spec: &Launch, provider: Arc<dyn Provider>) -> Result<Running, DaemonEr
             source,
         },
     )?;
+    let tap_started = std::time::Instant::now();
     let tap = Arc::new(Tap::create(&c.tap, c.tap_offload)?.with_stats(stats.clone()));
     tap.configure(
         iface.mac(),
@@ -275,7 +276,7 @@ fn start(spec: &Launch, provider: Arc<dyn Provider>) -> Result<Running, DaemonEr
         pid: std::process::id(),
         ..Default::default()
     }));
-    tracing::info!(tap = %c.tap, addr = %c.addr, addr6 = %format_args!("[{}]", addr6.join(", ")), mac = %iface.mac(), mtu = iface.mtu(), control = %c.control.display(), allow_faults = c.allow_faults, poll_failure_policy = %c.poll_failure, "interface up");
+    tracing::info!(tap = %c.tap, addr = %c.addr, addr6 = %format_args!("[{}]", addr6.join(", ")), mac = %iface.mac(), mtu = iface.mtu(), control = %c.control.display(), allow_faults = c.allow_faults, poll_failure_policy = %c.poll_failure, tap_setup_ms = tap_started.elapsed().as_millis() as u64, "interface up");
     let dev: Arc<dyn TapDevice> = tap.clone();
     let supervisor = Supervisor::spawn(
         Supervised {

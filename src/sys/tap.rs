@@ -132,12 +132,7 @@ pub fn vnet_little_endian(fd: RawFd) -> io::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Whether this runs in CI (`CI` set, not empty, "0" or "false"), where a test that
-    /// cannot run fails instead of skipping.
-    fn in_ci() -> bool {
-        std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
-    }
+    use crate::sys::in_ci;
 
     /// Skip (outside CI) or fail (in CI) a test that cannot open a TAP, saying why.
     fn cannot_run(why: &str) {

@@ -1,7 +1,7 @@
 //! The TAP device: the ordinary IP interface users see.
 //!
-//! Opened with `IFF_TAP | IFF_NO_PI` ([`crate::sys::tap`]), non-blocking, and configured with
-//! iproute2: the MAC that stands for this interface's IPoIB address, the IPoIB MTU, the
+//! Opened with `IFF_TAP | IFF_NO_PI` ([`crate::sys::tap`]), non-blocking, and configured by
+//! the daemon itself over rtnetlink and /proc/sys ([`crate::sys::netdev`]): the MAC that stands for this interface's IPoIB address, the IPoIB MTU, the
 //! IPv4 address and any IPv6 addresses, link up. IPv6 is on (dual stack): the kernel
 //! derives the TAP's link-local address from its MAC (EUI-64), and the configured
 //! addresses are added with duplicate address detection left on. Only an IPv4-only
@@ -17,13 +17,14 @@
 
 use std::fs::File;
 use std::io::{self, IoSlice, Read, Write};
+use std::net::IpAddr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 /// The least MTU IPv6 runs over (RFC 8200 §5); below it the kernel takes IPv6 off a link.
 const MIN_IPV6_MTU: usize = 1280;
 
+use crate::sys::netdev::{self, LinkChange};
 use crate::wire::eth::Mac;
 use crate::wire::ipv4::Ipv4Cidr;
 use crate::wire::ipv6::Ipv6Cidr;
@@ -54,14 +55,14 @@ pub enum TapError {
         /// The MTU the interface has.
         mtu: usize,
     },
-    /// A configuration command failed.
-    #[error("configuring TAP {name}: `{command}` failed: {why}")]
+    /// A configuration step failed.
+    #[error("configuring TAP {name}: {step} failed: {why}")]
     Configure {
         /// The name.
         name: String,
-        /// The command run.
-        command: String,
-        /// Its error output.
+        /// The step (what was being set).
+        step: String,
+        /// The kernel's answer.
         why: String,
     },
 }
@@ -193,6 +194,9 @@ impl Tap {
 
     /// Move it into network namespace `netns` (if given), then set MAC and MTU, with IPv6
     /// addresses (`addr6`) enable IPv6 and add them, add the IPv4 address and bring it up.
+    /// All of it is done by the daemon itself, over rtnetlink and /proc/sys
+    /// ([`crate::sys::netdev`]; in `netns`, from a thread that entered it), not by running
+    /// `ip` or `sysctl`.
     ///
     /// The order matters for IPv6: it is switched off while the MAC and MTU are set and
     /// on afterwards, so that the link-local address the kernel derives (EUI-64,
@@ -214,7 +218,11 @@ impl Tap {
             return Err(TapError::Ipv6Mtu { name, mtu });
         }
         if let Some(ns) = netns {
-            self.ip(None, &["link", "set", "dev", &name, "netns", ns])?;
+            let fail = self.failed(format!("moving it to network namespace {ns}"));
+            let ns_fd = netdev::open_netns(ns).map_err(&fail)?;
+            netdev::index(&name)
+                .and_then(|i| netdev::move_to_netns(i, &ns_fd))
+                .map_err(&fail)?;
             if let Ok(mut n) = self.netns.lock() {
                 *n = Some(ns.to_string());
             }
@@ -222,10 +230,20 @@ impl Tap {
         if let Ok(mut a) = self.addr6.lock() {
             *a = addr6.to_vec();
         }
-        self.set_link(netns, mac, mtu, addr6)?;
-        self.ip(netns, &["addr", "replace", &addr.to_string(), "dev", &name])?;
-        self.ip(netns, &["link", "set", "dev", &name, "up"])?;
-        Ok(())
+        self.in_netns(netns, || {
+            self.set_link(mac, mtu, addr6)?;
+            let i = self.index()?;
+            netdev::replace_addr(i, IpAddr::V4(addr.addr), addr.prefix)
+                .map_err(self.failed(format!("adding address {addr}")))?;
+            netdev::set_link(
+                i,
+                LinkChange {
+                    up: true,
+                    ..LinkChange::default()
+                },
+            )
+            .map_err(self.failed("bringing it up".to_string()))
+        })
     }
 
     /// Change MAC and MTU after a rebuild found a different GID or port MTU. IPv6 is
@@ -235,24 +253,59 @@ impl Tap {
     pub fn reconfigure(&self, mac: Mac, mtu: usize) -> Result<(), TapError> {
         let netns = self.netns.lock().ok().and_then(|n| n.clone());
         let addr6 = self.addr6.lock().map(|a| a.clone()).unwrap_or_default();
-        self.set_link(netns.as_deref(), mac, mtu, &addr6)
+        self.in_netns(netns.as_deref(), || self.set_link(mac, mtu, &addr6))
+    }
+
+    /// Run `f` in network namespace `netns` (on a thread that entered it), or here.
+    fn in_netns(
+        &self,
+        netns: Option<&str>,
+        f: impl FnOnce() -> Result<(), TapError> + Send,
+    ) -> Result<(), TapError> {
+        let Some(ns) = netns else {
+            return f();
+        };
+        // The closure's own error travels inside the io::Error's payload.
+        let r = netdev::in_netns(ns, || Ok(f()));
+        match r {
+            Ok(r) => r,
+            Err(e) => Err(self.failed(format!("entering network namespace {ns}"))(e)),
+        }
+    }
+
+    /// The TAP's interface index (in the namespace of the calling thread).
+    fn index(&self) -> Result<u32, TapError> {
+        netdev::index(self.name()).map_err(self.failed("finding its index".to_string()))
+    }
+
+    /// A [`TapError::Configure`] for `step`, from its I/O error.
+    fn failed(&self, step: String) -> impl Fn(io::Error) -> TapError + '_ {
+        move |e| TapError::Configure {
+            name: self.name().to_string(),
+            step: step.clone(),
+            why: e.to_string(),
+        }
     }
 
     /// IPv6 off, MAC and MTU, then IPv6 on (the link-local address derived from `mac`)
     /// and the `addr6` addresses added. Without `addr6`, IPv6 is switched on where the
     /// kernel and the MTU allow it (the link-local address alone), and left off
-    /// otherwise.
-    fn set_link(
-        &self,
-        netns: Option<&str>,
-        mac: Mac,
-        mtu: usize,
-        addr6: &[Ipv6Cidr],
-    ) -> Result<(), TapError> {
+    /// otherwise. Runs in the TAP's namespace.
+    fn set_link(&self, mac: Mac, mtu: usize, addr6: &[Ipv6Cidr]) -> Result<(), TapError> {
         let name = self.name().to_string();
         // Best effort: without IPv6 there is nothing to clear.
-        let _ = self.sysctl(netns, &format!("net/ipv6/conf/{name}/disable_ipv6=1"));
-        self.set_mac_mtu(netns, mac, mtu)?;
+        let _ = self.sysctl("disable_ipv6", "1");
+        let i = self.index()?;
+        let mtu32 = u32::try_from(mtu).unwrap_or(u32::MAX);
+        netdev::set_link(
+            i,
+            LinkChange {
+                mac: Some(mac.0),
+                mtu: Some(mtu32),
+                up: false,
+            },
+        )
+        .map_err(self.failed(format!("setting MAC {mac} and MTU {mtu}")))?;
         if mtu < MIN_IPV6_MTU {
             if addr6.is_empty() {
                 // IPv6 needs 1280 bytes: an IPv4-only interface on a smaller MTU keeps
@@ -264,8 +317,8 @@ impl Tap {
         }
         // EUI-64 from the MAC, the kernel's default, made explicit (best effort: older
         // kernels have no such sysctl).
-        let _ = self.sysctl(netns, &format!("net/ipv6/conf/{name}/addr_gen_mode=0"));
-        let on = self.sysctl(netns, &format!("net/ipv6/conf/{name}/disable_ipv6=0"));
+        let _ = self.sysctl("addr_gen_mode", "0");
+        let on = self.sysctl("disable_ipv6", "0");
         match on {
             // Without IPv6 addresses asked for, a kernel without IPv6 is not an error.
             Err(e) if addr6.is_empty() => {
@@ -275,82 +328,17 @@ impl Tap {
             r => r?,
         }
         for a in addr6 {
-            self.ip(
-                netns,
-                &["-6", "addr", "replace", &a.to_string(), "dev", &name],
-            )?;
+            netdev::replace_addr(i, IpAddr::V6(a.addr), a.prefix)
+                .map_err(self.failed(format!("adding address {a}")))?;
         }
         Ok(())
     }
 
-    /// `sysctl -qw SETTING` (inside `netns` if given). The key is written with `/`
-    /// separators, so that a `.` in the interface name stays part of the name.
-    fn sysctl(&self, netns: Option<&str>, setting: &str) -> Result<(), TapError> {
-        let mut cmd = match netns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, "sysctl"]);
-                c
-            }
-            None => Command::new("sysctl"),
-        };
-        cmd.args(["-qw", setting]);
-        let command = format!(
-            "{}sysctl -w {setting}",
-            netns
-                .map(|n| format!("ip netns exec {n} "))
-                .unwrap_or_default()
-        );
-        let fail = |why: String| TapError::Configure {
-            name: self.name().to_string(),
-            command: command.clone(),
-            why,
-        };
-        let out = cmd.output().map_err(|e| fail(e.to_string()))?;
-        if !out.status.success() {
-            let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
-            return Err(fail(if why.is_empty() {
-                format!("exit {}", out.status)
-            } else {
-                why
-            }));
-        }
-        Ok(())
-    }
-
-    fn set_mac_mtu(&self, netns: Option<&str>, mac: Mac, mtu: usize) -> Result<(), TapError> {
-        let name = self.name().to_string();
-        let (mac, mtu) = (mac.to_string(), mtu.to_string());
-        self.ip(
-            netns,
-            &["link", "set", "dev", &name, "address", &mac, "mtu", &mtu],
-        )
-    }
-
-    fn ip(&self, netns: Option<&str>, args: &[&str]) -> Result<(), TapError> {
-        let mut cmd = Command::new("ip");
-        if let Some(ns) = netns {
-            cmd.args(["-n", ns]);
-        }
-        cmd.args(args);
-        let command = format!(
-            "ip {}{}",
-            netns.map(|n| format!("-n {n} ")).unwrap_or_default(),
-            args.join(" ")
-        );
-        let out = cmd.output().map_err(|e| TapError::Configure {
-            name: self.name().to_string(),
-            command: command.clone(),
-            why: e.to_string(),
-        })?;
-        if !out.status.success() {
-            return Err(TapError::Configure {
-                name: self.name().to_string(),
-                command,
-                why: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            });
-        }
-        Ok(())
+    /// Write `value` to /proc/sys/net/ipv6/conf/NAME/`key` (the sysctl of the calling
+    /// thread's network namespace).
+    fn sysctl(&self, key: &str, value: &str) -> Result<(), TapError> {
+        let path = format!("/proc/sys/net/ipv6/conf/{}/{key}", self.name());
+        std::fs::write(&path, value).map_err(self.failed(format!("writing {value} to {path}")))
     }
 }
 

@@ -46,10 +46,6 @@ fn read_reply(s: &UnixStream, within: Duration) -> io::Result<Value> {
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{e}: {line:?}")))
 }
 
-fn is_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
-}
-
 #[test]
 fn a_file_or_symlink_at_the_socket_path_is_left_alone() {
     let dir = tmp_dir("notsock");
@@ -145,7 +141,7 @@ fn a_directory_others_can_write_or_own_is_refused() {
             Err(e) => panic!("foreign dir: {e}"),
             Ok(_) => panic!("foreign dir: started"),
         },
-        Err(e) if !is_ci() => {
+        Err(e) if !crate::sys::in_ci() => {
             eprintln!("SKIPPED the foreign-owner case: chown to uid 65534: {e} (needs root)")
         }
         Err(e) => panic!("the foreign-owner case needs root (chown to uid 65534: {e})"),
