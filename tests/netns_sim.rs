@@ -970,6 +970,24 @@ fn tap_configure_and_reconfigure_derive_the_link_local_from_the_mac() {
     let ll = uipoib::wire::ipv6::link_local_for_mac(mac2).to_string();
     assert_eq!(v6.lines().count(), 1, "{v6}");
     assert!(v6.contains(&format!("{ll}/64")), "{v6}");
+
+    // A namespace that is not there: the error names the step and the path looked for.
+    let lost = uipoib::tap::Tap::create(&format!("ue{id}x7"), false).unwrap();
+    let e = lost
+        .configure(
+            Mac(mac1),
+            1500,
+            "198.18.9.1/24".parse().unwrap(),
+            &[],
+            Some("uipt-no-such-ns"),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("moving it to network namespace uipt-no-such-ns failed")
+            && e.contains("/run/netns/uipt-no-such-ns"),
+        "{e}"
+    );
 }
 
 #[test]

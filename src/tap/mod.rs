@@ -18,7 +18,7 @@
 use std::fs::File;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
 
 /// The least MTU IPv6 runs over (RFC 8200 §5); below it the kernel takes IPv6 off a link.
@@ -75,7 +75,8 @@ pub struct Tap {
     offload: Option<Mutex<Segmenter>>,
     /// With offloads: received frames joined before they are written.
     gro: Option<Mutex<Joiner>>,
-    netns: Mutex<Option<String>>,
+    /// The network namespace it was moved to: its name and an open descriptor.
+    netns: Mutex<Option<Arc<(String, OwnedFd)>>>,
     /// The IPv6 addresses [`Tap::configure`] added, added again by [`Tap::reconfigure`].
     addr6: Mutex<Vec<Ipv6Cidr>>,
     stats: Option<Arc<dyn OffloadCounters>>,
@@ -217,20 +218,24 @@ impl Tap {
         if !addr6.is_empty() && mtu < MIN_IPV6_MTU {
             return Err(TapError::Ipv6Mtu { name, mtu });
         }
-        if let Some(ns) = netns {
-            let fail = self.failed(format!("moving it to network namespace {ns}"));
-            let ns_fd = netdev::open_netns(ns).map_err(&fail)?;
-            netdev::index(&name)
-                .and_then(|i| netdev::move_to_netns(i, &ns_fd))
-                .map_err(&fail)?;
-            if let Ok(mut n) = self.netns.lock() {
-                *n = Some(ns.to_string());
+        let ns = match netns {
+            Some(ns) => {
+                let fail = self.failed(format!("moving it to network namespace {ns}"));
+                let fd = netdev::open_netns(ns).map_err(&fail)?;
+                netdev::index(&name)
+                    .and_then(|i| netdev::move_to_netns(i, &fd))
+                    .map_err(&fail)?;
+                Some(Arc::new((ns.to_string(), fd)))
             }
+            None => None,
+        };
+        if let Ok(mut n) = self.netns.lock() {
+            n.clone_from(&ns);
         }
         if let Ok(mut a) = self.addr6.lock() {
             *a = addr6.to_vec();
         }
-        self.in_netns(netns, || {
+        self.in_netns(ns.as_deref(), || {
             self.set_link(mac, mtu, addr6)?;
             let i = self.index()?;
             netdev::replace_addr(i, IpAddr::V4(addr.addr), addr.prefix)
@@ -256,21 +261,19 @@ impl Tap {
         self.in_netns(netns.as_deref(), || self.set_link(mac, mtu, &addr6))
     }
 
-    /// Run `f` in network namespace `netns` (on a thread that entered it), or here.
+    /// Run `f` in the TAP's network namespace `netns` (its name and an open descriptor;
+    /// on a thread that entered it), or here.
     fn in_netns(
         &self,
-        netns: Option<&str>,
+        netns: Option<&(String, OwnedFd)>,
         f: impl FnOnce() -> Result<(), TapError> + Send,
     ) -> Result<(), TapError> {
-        let Some(ns) = netns else {
+        let Some((ns, fd)) = netns else {
             return f();
         };
-        // The closure's own error travels inside the io::Error's payload.
-        let r = netdev::in_netns(ns, || Ok(f()));
-        match r {
-            Ok(r) => r,
-            Err(e) => Err(self.failed(format!("entering network namespace {ns}"))(e)),
-        }
+        // `f`'s own error comes back as the thread's result, inside Ok.
+        netdev::in_netns(fd, || Ok(f()))
+            .unwrap_or_else(|e| Err(self.failed(format!("entering network namespace {ns}"))(e)))
     }
 
     /// The TAP's interface index (in the namespace of the calling thread).
@@ -338,7 +341,25 @@ impl Tap {
     /// thread's network namespace).
     fn sysctl(&self, key: &str, value: &str) -> Result<(), TapError> {
         let path = format!("/proc/sys/net/ipv6/conf/{}/{key}", self.name());
-        std::fs::write(&path, value).map_err(self.failed(format!("writing {value} to {path}")))
+        let fail = self.failed(format!("writing {value} to {path}"));
+        // Opened for writing only: /proc/sys refuses to create, and a missing key opened
+        // with O_CREAT would read as "Permission denied".
+        let write = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(value.as_bytes()));
+        match write {
+            Err(e)
+                if e.kind() == io::ErrorKind::NotFound
+                    && !std::path::Path::new("/proc/sys/net/ipv6").exists() =>
+            {
+                Err(fail(io::Error::new(
+                    e.kind(),
+                    "this kernel has no IPv6 (booted with ipv6.disable=1?)",
+                )))
+            }
+            r => r.map_err(fail),
+        }
     }
 }
 
