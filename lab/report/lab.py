@@ -660,7 +660,8 @@ def hostile(a):
         for role in "ab":
             for key in ("neigh_updated", "neigh_learned", "rx_packets", "tx_packets", "arp_rx", "rx_unknown_qpn"):
                 r[f"{role}_{key}"] = delta(f"hostile-{name}-before-stats-{role}.json", f"hostile-{name}-after-stats-{role}.json", key)
-        # Datagrams b's kernel dropped because iperf3's socket was full (shown, not judged).
+        # Datagrams b's kernel dropped because iperf3's socket was full (taken out of the
+        # judged loss: the receiver's CPU, not the datapath).
         u0, u1 = udp_snmp(f"hostile-{name}-before-snmp-b.txt"), udp_snmp(f"hostile-{name}-after-snmp-b.txt")
         r["b_rcvbuf_errors"] = u1["RcvbufErrors"] - u0["RcvbufErrors"] if "RcvbufErrors" in u0 and "RcvbufErrors" in u1 else None
         gap = end.get("sum", {}).get("lost_packets") if isinstance(end.get("sum"), dict) else None
@@ -727,16 +728,30 @@ def hostile(a):
         check(isinstance(sent_n, int) and sent_n > 0 and isinstance(got_n, int) and got_n >= sent_n - allow,
               f"(a) b's daemon received what a's daemon sent during the stream, {label} (within 0.5%)",
               f"a's tx_packets +{sent_n}, b's rx_packets +{got_n}")
-    gb, gr = base["iperf3_gap_lost_percent"], rog["iperf3_gap_lost_percent"]
+    # The datagrams iperf3 lost (sequence gaps) less those b's kernel dropped at a full
+    # iperf3 socket (Udp RcvbufErrors): b has one vCPU, shared with the rogue, and under
+    # stolen host time its iperf3 falls behind; that is the receiver's CPU, not the
+    # datapath. Without the RcvbufErrors figure, the whole gap loss is judged.
+    def beyond_socket(r):
+        lost, sent, dropped = r["iperf3_gap_lost_packets"], r["sent_packets"], r["b_rcvbuf_errors"]
+        if not isinstance(lost, int) or not isinstance(sent, int) or sent <= 0:
+            return None, None
+        if not isinstance(dropped, int):
+            return r["iperf3_gap_lost_percent"], "all"
+        return 100.0 * max(0, lost - dropped) / sent, "beyond b's socket"
+
+    (gb, kb), (gr, kr) = beyond_socket(base), beyond_socket(rog)
+    what = f"(a) iperf3's lost datagrams (sequence gaps, less b's socket drops) with the rogue <= without + {margin:g} points"
     if gb is None or gr is None:
-        check(False, f"(a) iperf3's lost datagrams (sequence gaps) with the rogue <= without + {margin:g} points",
-              f"no gap-loss figure (without: {base['error'] or gb}, with: {rog['error'] or gr})")
+        check(False, what,
+              f"no gap-loss figure (without: {base['error'] or base['iperf3_gap_lost_packets']}, "
+              f"with: {rog['error'] or rog['iperf3_gap_lost_packets']})")
     else:
-        check(gr <= gb + margin, f"(a) iperf3's lost datagrams (sequence gaps) with the rogue <= without + {margin:g} points",
-              f"without {gb:.2f}% ({cnt(base['iperf3_gap_lost_packets'])} lost), with {gr:.2f}% "
-              f"({cnt(rog['iperf3_gap_lost_packets'])} lost); received of sent: without {base['received_packets']}/"
-              f"{base['sent_packets']}, with {rog['received_packets']}/{rog['sent_packets']} (the rest still queued "
-              f"at the test's end or dropped by b's socket: {cnt(base['b_rcvbuf_errors'])} / {cnt(rog['b_rcvbuf_errors'])})")
+        check(gr <= gb + margin, what,
+              f"without {gb:.2f}% {kb} ({cnt(base['iperf3_gap_lost_packets'])} lost, b's socket dropped "
+              f"{cnt(base['b_rcvbuf_errors'])}), with {gr:.2f}% {kr} ({cnt(rog['iperf3_gap_lost_packets'])} lost, "
+              f"b's socket dropped {cnt(rog['b_rcvbuf_errors'])}); received of sent: without "
+              f"{base['received_packets']}/{base['sent_packets']}, with {rog['received_packets']}/{rog['sent_packets']}")
 
     # (b)
     fa = ld("hostile-arp-a.json") or {}
