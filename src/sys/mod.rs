@@ -10,6 +10,17 @@ pub mod netdev;
 pub mod process;
 pub mod tap;
 
+/// `e` prefixed with what failed (`TUNSETIFF: Operation not permitted`), its kind kept
+/// (its errno is in the text only).
+pub(crate) fn named(what: &str, e: std::io::Error) -> std::io::Error {
+    std::io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+/// The last OS error, [`named`] after the call that failed.
+pub(crate) fn last_error(call: &str) -> std::io::Error {
+    named(call, std::io::Error::last_os_error())
+}
+
 /// Whether the tests run in CI (`CI` set, not empty, "0" or "false"), where a test that
 /// cannot run fails instead of skipping.
 #[cfg(test)]

@@ -12,6 +12,8 @@ use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
+use super::{last_error, named};
+
 // From <linux/netlink.h> and <linux/rtnetlink.h>.
 const NLMSG_HDRLEN: usize = 16;
 const NLMSG_ERROR: u16 = 2;
@@ -62,8 +64,7 @@ pub fn index(name: &str) -> io::Result<u32> {
     // it and returns 0 on failure with errno set.
     let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
     if i == 0 {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(e.kind(), format!("no device {name:?}: {e}")));
+        return Err(last_error(&format!("no device {name:?}")));
     }
     Ok(i)
 }
@@ -164,7 +165,7 @@ pub fn in_netns<T: Send>(ns: &OwnedFd, f: impl FnOnce() -> io::Result<T> + Send)
                 }
                 f()
             })
-            .map_err(|e| io::Error::new(e.kind(), format!("starting a thread: {e}")))?
+            .map_err(|e| named("starting a thread", e))?
             .join()
             .unwrap_or_else(|_| Err(io::Error::other("the namespace thread panicked")))
     })
@@ -227,13 +228,12 @@ impl Message {
 /// Send `msg` on a new rtnetlink socket and wait for its acknowledgement; an error names
 /// `what` and carries the kernel's errno (and message, where it gave one).
 fn request(msg: Vec<u8>, what: &str) -> io::Result<()> {
-    let sock = socket().map_err(|e| io::Error::new(e.kind(), format!("{what}: socket: {e}")))?;
+    let sock = socket().map_err(|e| named(&format!("{what}: socket"), e))?;
     // SAFETY: `msg` is a live buffer of `msg.len()` bytes for the duration of the call;
     // send(2) only reads it.
     let n = unsafe { libc::send(sock.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) };
     if n < 0 {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(e.kind(), format!("{what}: send: {e}")));
+        return Err(last_error(&format!("{what}: send")));
     }
     let mut buf = vec![0u8; 8192];
     let deadline = std::time::Instant::now() + ANSWER_WITHIN;
@@ -263,7 +263,7 @@ fn request(msg: Vec<u8>, what: &str) -> io::Result<()> {
                     format!("{what}: no answer from the kernel within {ANSWER_WITHIN:?}"),
                 ));
             }
-            return Err(io::Error::new(e.kind(), format!("{what}: recv: {e}")));
+            return Err(named(&format!("{what}: recv"), e));
         }
         let n = n as usize;
         let outcome = if n == 0 || n > buf.len() {
@@ -522,6 +522,20 @@ mod tests {
         assert_eq!(b[43], 7);
     }
 
+    /// An error reply with extended-ack TLVs: `flags` besides `NLM_F_ACK_TLVS`, the
+    /// error code, the request (its header alone when capped), the message attribute.
+    fn refusal(flags: u16, code: i32, request: &[u8], msg: &[u8]) -> Vec<u8> {
+        let mut b = header(0, NLMSG_ERROR, NLM_F_ACK_TLVS | flags);
+        b.extend_from_slice(&code.to_ne_bytes());
+        b.extend_from_slice(request);
+        b.extend_from_slice(&(4 + msg.len() as u16).to_ne_bytes());
+        b.extend_from_slice(&NLMSGERR_ATTR_MSG.to_ne_bytes());
+        b.extend_from_slice(msg);
+        let len = b.len() as u32;
+        b[0..4].copy_from_slice(&len.to_ne_bytes());
+        b
+    }
+
     #[test]
     fn acks_refusals_and_their_messages_are_read() {
         let mut ok = header(36, NLMSG_ERROR, 0);
@@ -529,29 +543,17 @@ mod tests {
         ok.extend_from_slice(&header(16, RTM_NEWLINK, 0));
         assert_eq!(parse_ack(&ok), Some(Ok(())));
 
-        let mut no = header(0, NLMSG_ERROR, NLM_F_ACK_TLVS | NLM_F_CAPPED);
-        no.extend_from_slice(&(-libc::EINVAL).to_ne_bytes());
-        no.extend_from_slice(&header(16, RTM_NEWLINK, 0));
-        no.extend_from_slice(&16u16.to_ne_bytes());
-        no.extend_from_slice(&NLMSGERR_ATTR_MSG.to_ne_bytes());
-        no.extend_from_slice(b"MTU too big\0");
-        let len = no.len() as u32;
-        no[0..4].copy_from_slice(&len.to_ne_bytes());
+        let mut request = header(16, RTM_NEWLINK, 0);
+        let no = refusal(NLM_F_CAPPED, -libc::EINVAL, &request, b"MTU too big\0");
         assert_eq!(
             parse_ack(&no),
             Some(Err((libc::EINVAL, Some("MTU too big".to_string()))))
         );
 
         // Not capped: the whole request is echoed (a 24-byte one here) before the TLVs.
-        let mut echoed = header(0, NLMSG_ERROR, NLM_F_ACK_TLVS);
-        echoed.extend_from_slice(&(-libc::EPERM).to_ne_bytes());
-        echoed.extend_from_slice(&header(24, RTM_NEWADDR, 0));
-        echoed.extend_from_slice(&[0xee; 8]);
-        echoed.extend_from_slice(&8u16.to_ne_bytes());
-        echoed.extend_from_slice(&NLMSGERR_ATTR_MSG.to_ne_bytes());
-        echoed.extend_from_slice(b"no\0\0");
-        let len = echoed.len() as u32;
-        echoed[0..4].copy_from_slice(&len.to_ne_bytes());
+        request = header(24, RTM_NEWADDR, 0);
+        request.extend_from_slice(&[0xee; 8]);
+        let echoed = refusal(0, -libc::EPERM, &request, b"no\0\0");
         assert_eq!(
             parse_ack(&echoed),
             Some(Err((libc::EPERM, Some("no".to_string()))))

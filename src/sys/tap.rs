@@ -3,6 +3,8 @@
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
+use super::last_error;
+
 /// `TUNSETCARRIER` on a TUN/TAP descriptor (Linux 5.0 and later): the link carrier on or
 /// off.
 pub fn set_carrier(fd: RawFd, on: bool) -> io::Result<()> {
@@ -16,16 +18,9 @@ fn set_int(fd: RawFd, request: libc::Ioctl, value: libc::c_int, call: &str) -> i
     // local for the duration of the call; a descriptor that is not an open TUN/TAP fd
     // makes the kernel return an error (EBADF, ENOTTY), never touch other memory.
     if unsafe { libc::ioctl(fd, request, &value as *const libc::c_int) } < 0 {
-        return Err(failed(call));
+        return Err(last_error(call));
     }
     Ok(())
-}
-
-/// The last OS error, prefixed with the call that failed (`TUNSETIFF: Operation not
-/// permitted`), its kind kept (its errno is in the text only).
-fn failed(call: &str) -> io::Error {
-    let e = io::Error::last_os_error();
-    io::Error::new(e.kind(), format!("{call}: {e}"))
 }
 
 /// `IFF_VNET_HDR`: every frame carries a `virtio_net_hdr`.
@@ -64,7 +59,7 @@ pub fn open(name: &str, offload: bool) -> io::Result<(std::os::fd::OwnedFd, Stri
         )
     };
     if fd < 0 {
-        return Err(failed("open /dev/net/tun"));
+        return Err(last_error("open /dev/net/tun"));
     }
     // SAFETY: `fd` was just returned by open(2) and is owned by nothing else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
@@ -89,7 +84,7 @@ pub fn open(name: &str, offload: bool) -> io::Result<(std::os::fd::OwnedFd, Stri
         )
     } < 0
     {
-        return Err(failed("TUNSETIFF"));
+        return Err(last_error("TUNSETIFF"));
     }
     if offload {
         let len = crate::wire::offload::VNET_HDR_LEN as libc::c_int;
@@ -105,7 +100,7 @@ pub fn open(name: &str, offload: bool) -> io::Result<(std::os::fd::OwnedFd, Stri
         set_int(fd.as_raw_fd(), libc::TUNSETVNETLE, 1, "TUNSETVNETLE")?;
         // SAFETY: TUNSETOFFLOAD takes its flags by value; no memory is passed.
         if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETOFFLOAD, OFFLOADS) } < 0 {
-            return Err(failed("TUNSETOFFLOAD"));
+            return Err(last_error("TUNSETOFFLOAD"));
         }
     }
     let bytes: Vec<u8> = ifr
@@ -124,7 +119,7 @@ pub fn vnet_little_endian(fd: RawFd) -> io::Result<bool> {
     // SAFETY: TUNGETVNETLE writes one `c_int` through the pointer, a live local; a
     // descriptor that is not a TUN/TAP fd makes the kernel return an error.
     if unsafe { libc::ioctl(fd, libc::TUNGETVNETLE, &mut le as *mut libc::c_int) } < 0 {
-        return Err(failed("TUNGETVNETLE"));
+        return Err(last_error("TUNGETVNETLE"));
     }
     Ok(le != 0)
 }

@@ -1,8 +1,8 @@
 //! The TAP device: the ordinary IP interface users see.
 //!
 //! Opened with `IFF_TAP | IFF_NO_PI` ([`crate::sys::tap`]), non-blocking, and configured by
-//! the daemon itself over rtnetlink and /proc/sys ([`crate::sys::netdev`]): the MAC that stands for this interface's IPoIB address, the IPoIB MTU, the
-//! IPv4 address and any IPv6 addresses, link up. IPv6 is on (dual stack): the kernel
+//! the daemon itself over rtnetlink and /proc/sys ([`crate::sys::netdev`]): the MAC that
+//! stands for this interface's IPoIB address, the IPoIB MTU, the IPv4 address and any IPv6 addresses, link up. IPv6 is on (dual stack): the kernel
 //! derives the TAP's link-local address from its MAC (EUI-64), and the configured
 //! addresses are added with duplicate address detection left on. Only an IPv4-only
 //! interface whose MTU is below IPv6's 1280 bytes, or on a kernel without IPv6, has it
@@ -236,8 +236,7 @@ impl Tap {
             *a = addr6.to_vec();
         }
         self.in_netns(ns.as_deref(), || {
-            self.set_link(mac, mtu, addr6)?;
-            let i = self.index()?;
+            let i = self.set_link(mac, mtu, addr6)?;
             netdev::replace_addr(i, IpAddr::V4(addr.addr), addr.prefix)
                 .map_err(self.failed(format!("adding address {addr}")))?;
             netdev::set_link(
@@ -258,7 +257,9 @@ impl Tap {
     pub fn reconfigure(&self, mac: Mac, mtu: usize) -> Result<(), TapError> {
         let netns = self.netns.lock().ok().and_then(|n| n.clone());
         let addr6 = self.addr6.lock().map(|a| a.clone()).unwrap_or_default();
-        self.in_netns(netns.as_deref(), || self.set_link(mac, mtu, &addr6))
+        self.in_netns(netns.as_deref(), || {
+            self.set_link(mac, mtu, &addr6).map(drop)
+        })
     }
 
     /// Run `f` in the TAP's network namespace `netns` (its name and an open descriptor;
@@ -293,8 +294,8 @@ impl Tap {
     /// IPv6 off, MAC and MTU, then IPv6 on (the link-local address derived from `mac`)
     /// and the `addr6` addresses added. Without `addr6`, IPv6 is switched on where the
     /// kernel and the MTU allow it (the link-local address alone), and left off
-    /// otherwise. Runs in the TAP's namespace.
-    fn set_link(&self, mac: Mac, mtu: usize, addr6: &[Ipv6Cidr]) -> Result<(), TapError> {
+    /// otherwise. Runs in the TAP's namespace; returns the TAP's index there.
+    fn set_link(&self, mac: Mac, mtu: usize, addr6: &[Ipv6Cidr]) -> Result<u32, TapError> {
         let name = self.name().to_string();
         // Best effort: without IPv6 there is nothing to clear.
         let _ = self.sysctl("disable_ipv6", "1");
@@ -314,7 +315,7 @@ impl Tap {
                 // IPv6 needs 1280 bytes: an IPv4-only interface on a smaller MTU keeps
                 // it off.
                 tracing::warn!(tap = %name, mtu, "MTU below 1280: IPv6 stays off on the TAP");
-                return Ok(());
+                return Ok(i);
             }
             return Err(TapError::Ipv6Mtu { name, mtu });
         }
@@ -326,7 +327,7 @@ impl Tap {
             // Without IPv6 addresses asked for, a kernel without IPv6 is not an error.
             Err(e) if addr6.is_empty() => {
                 tracing::warn!(tap = %name, error = %e, "IPv6 could not be switched on on the TAP");
-                return Ok(());
+                return Ok(i);
             }
             r => r?,
         }
@@ -334,7 +335,7 @@ impl Tap {
             netdev::replace_addr(i, IpAddr::V6(a.addr), a.prefix)
                 .map_err(self.failed(format!("adding address {a}")))?;
         }
-        Ok(())
+        Ok(i)
     }
 
     /// Write `value` to /proc/sys/net/ipv6/conf/NAME/`key` (the sysctl of the calling
