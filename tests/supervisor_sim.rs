@@ -311,6 +311,17 @@ fn every_cause_recovers_with_traffic_and_a_balanced_ledger() {
         assert!(r.ledger_balanced, "{how}: {r:?}");
         // The supervisor starts the next poller's thread while an epoch runs.
         assert!(r.poller_thread_ahead, "{how}: {r:?}");
+        // The supervisor's share of it, as the scheduler counted it: parts of the span
+        // (the device-removed wait slept 300 ms of it).
+        let t = r.supervisor.as_ref().expect("a kernel with schedstat");
+        assert!(
+            t.on_cpu_ms > 0.0 && t.on_cpu_ms + t.runqueue_ms <= t.span_ms + 1.0,
+            "{how}: {t:?}"
+        );
+        assert!(t.span_ms <= r.recovery_ms + 1.0, "{how}: {t:?} in {r:?}");
+        if *how == "removed" {
+            assert!(t.slept_ms >= 250.0, "{how}: {t:?}");
+        }
         assert_ne!(s.qpn, before.qpn, "{how}: a new QP");
         assert_eq!(s.epoch, before.epoch + 1, "{how}");
         assert!(

@@ -374,6 +374,7 @@ def restart(out, tag):
         recovery_ms=recs[-1].get("recovery_ms") if recs else None,
         announced_ms=recs[-1].get("announced_ms") if recs else None,
         phases=(recs[-1].get("phases") or {}) if recs else {},
+        supervisor=recs[-1].get("supervisor") if recs else None,
         restarts=len(recs) if recs is not None else None,
         session_intact=(1.0 if good and rcv.get("bytes", 0) > 0 else 0.0) if j is not None else None,
         retransmits=(end.get("sum_sent") or {}).get("retransmits") if good else None,
@@ -645,11 +646,13 @@ def perf(args):
           f"{fmt(x['packets'], '.0f')}: {where_text(x['where_lost'])}")
     # Where each restart's time went (ms), as `scripts/perf recovery` prints it.
     if any(x["phases"] for x in recs + rus):
-        p(f"  {'phases (ms):':<20}" + " ".join(f"{phase_name(k):>8}" for k in PHASES))
+        p(f"  {'phases (ms):':<20}" + " ".join(f"{phase_name(k):>8}" for k in PHASES) + supervisor_heads())
         for r, x, y in zip(rows, rus, recs):
             for what, z in (("TCP", y), ("UDP", x)):
                 if z["phases"]:
-                    p(f"  {'rep ' + str(r['rep']) + ' under ' + what:<20}" + " ".join(phase_cell(z["phases"], k) for k in PHASES))
+                    p(f"  {'rep ' + str(r['rep']) + ' under ' + what:<20}" + " ".join(phase_cell(z["phases"], k) for k in PHASES)
+                      + supervisor_cells(z.get("supervisor")))
+        p(f"  {SUPERVISOR_LEGEND}")
 
     for pre in pres:
         n = names[pre]
@@ -824,6 +827,21 @@ def phase_cell(phases, k):
     return f"{phases[k + '_ms']:8.1f}" if k + "_ms" in phases else f"{'-':>8}"
 
 
+SUPERVISOR = [("on_cpu", "sup.cpu"), ("runqueue", "sup.runq"), ("slept", "sup.slept")]
+SUPERVISOR_LEGEND = ("sup.*: the restart supervisor's thread from taking the restart up to the hand-over, "
+                     "as its scheduler counted it: on a CPU, runnable waiting for one, asleep")
+
+
+def supervisor_heads():
+    return " " + " ".join(f"{h:>9}" for _, h in SUPERVISOR)
+
+
+def supervisor_cells(t):
+    """The supervisor's share of one restart (ms), 9 wide each; "-" where the binary or the
+    kernel did not record it."""
+    return " " + " ".join(f"{t[k + '_ms']:9.1f}" if t and k + "_ms" in t else f"{'-':>9}" for k, _ in SUPERVISOR)
+
+
 def recovery(a):
     out, n = a.out, a.faults
     L = run_head(out)
@@ -868,12 +886,15 @@ def recovery(a):
     # Where the time went (ms, per restart, in order); absent from binaries before the phases.
     ph = [h.get("phases") for h in hist]
     if ph and all(ph):
-        L.append("phases (ms): " + " ".join(f"{phase_name(x):>8}" for x in PHASES) + "      kept")
+        L.append("phases (ms): " + " ".join(f"{phase_name(x):>8}" for x in PHASES) + "      kept" + supervisor_heads())
         for h, p in zip(hist, ph):
             L.append(f"  epoch {h['epoch']:>3}  " + " ".join(phase_cell(p, x) for x in PHASES)
-                     + f"  {'yes' if h.get('kept_device') else 'no':>8}")
+                     + f"  {'yes' if h.get('kept_device') else 'no':>8}" + supervisor_cells(h.get("supervisor")))
         med = [[p[x + "_ms"] for p in ph if x + "_ms" in p] for x in PHASES]
-        L.append("  median     " + " ".join(f"{statistics.median(m):8.1f}" if m else f"{'-':>8}" for m in med))
+        sup = [[h["supervisor"][k + "_ms"] for h in hist if h.get("supervisor")] for k, _ in SUPERVISOR]
+        L.append("  median     " + " ".join(f"{statistics.median(m):8.1f}" if m else f"{'-':>8}" for m in med)
+                 + f"  {'':>8} " + " ".join(f"{statistics.median(m):9.1f}" if m else f"{'-':>9}" for m in sup))
+        L.append(f"  {SUPERVISOR_LEGEND}")
     if len(hist) != n:
         bad.append(f"{len(hist)} restarts recorded for {n} faults")
     if not all(h["ledger_balanced"] for h in hist):

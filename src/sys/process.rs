@@ -1,6 +1,7 @@
 //! The process-level system calls: a signal to a child's process group (or to one
 //! process), and what the control socket and the scenario runner need (the effective
-//! uid, a peer's uid or pid, the umask), and the nice level of the calling thread.
+//! uid, a peer's uid or pid, the umask), and the nice level of the calling thread and
+//! what the scheduler counted for it.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -169,9 +170,97 @@ pub fn thread_policy() -> io::Result<i32> {
     Ok(r)
 }
 
+/// What the scheduler has counted for the calling thread (`/proc/thread-self/schedstat`):
+/// its time on a CPU and its time runnable, waiting in a run queue for one. Time in
+/// neither the thread slept (blocked on I/O, a lock, another thread, a timer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SchedStat {
+    /// Time on a CPU (ns), its system calls included.
+    pub on_cpu_ns: u64,
+    /// Time runnable but not running (ns).
+    pub runqueue_ns: u64,
+}
+
+/// The calling thread's [`SchedStat`]. Fails where the kernel keeps no such account
+/// (built without `CONFIG_SCHED_INFO`) or `/proc` is not mounted.
+pub fn thread_schedstat() -> io::Result<SchedStat> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat")?;
+    parse_schedstat(&text).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "/proc/thread-self/schedstat: not three numbers: {:?}",
+                text.trim()
+            ),
+        )
+    })
+}
+
+/// `schedstat`'s text: time on a CPU (ns), time waiting in a run queue (ns), timeslices.
+fn parse_schedstat(text: &str) -> Option<SchedStat> {
+    let mut f = text.split_whitespace().map(str::parse::<u64>);
+    let on_cpu_ns = f.next()?.ok()?;
+    let runqueue_ns = f.next()?.ok()?;
+    f.next()?.ok()?;
+    if f.next().is_some() {
+        return None;
+    }
+    Some(SchedStat {
+        on_cpu_ns,
+        runqueue_ns,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn schedstat_is_three_numbers_and_anything_else_is_refused() {
+        assert_eq!(
+            parse_schedstat("1200 340 7\n"),
+            Some(SchedStat {
+                on_cpu_ns: 1200,
+                runqueue_ns: 340
+            })
+        );
+        for bad in ["", "1 2", "1 2 3 4", "1 x 3", "-1 2 3"] {
+            assert_eq!(parse_schedstat(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_thread_that_spins_is_counted_on_a_cpu_and_one_that_sleeps_is_not() {
+        let Ok(before) = thread_schedstat() else {
+            assert!(
+                !crate::sys::in_ci(),
+                "/proc/thread-self/schedstat is unreadable; CI is set, so this fails"
+            );
+            eprintln!("SKIPPED: no /proc/thread-self/schedstat");
+            return;
+        };
+        let on = |a: SchedStat, b: SchedStat| b.on_cpu_ns - a.on_cpu_ns;
+        // Spinning: the count grows by 20 ms of CPU within seconds, however busy the host.
+        let spin = std::time::Instant::now();
+        let mut x = 0u64;
+        let spun = loop {
+            for _ in 0..100_000 {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+            let now = thread_schedstat().unwrap();
+            if on(before, now) >= 20_000_000 {
+                break now;
+            }
+            assert!(
+                spin.elapsed() < std::time::Duration::from_secs(20),
+                "20 s of spinning counted {before:?} -> {now:?}"
+            );
+        };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let slept = thread_schedstat().unwrap();
+        // Sleeping 100 ms: the read and the wake-up, far under the time slept.
+        assert!(on(spun, slept) < 50_000_000, "{spun:?} -> {slept:?}");
+    }
 
     #[test]
     fn batch_is_the_calling_threads_alone_and_keeps_its_nice_level() {

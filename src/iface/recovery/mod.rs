@@ -28,7 +28,7 @@ mod record;
 mod tests;
 
 pub use policy::{Backoff, Breaker, HEALTHY_AFTER, Policy};
-pub use record::{Phases, RestartRecord, ms};
+pub use record::{Phases, RestartRecord, ThreadTime, ms};
 
 use std::time::{Duration, Instant};
 

@@ -57,6 +57,42 @@ pub struct RestartRecord {
     /// epoch ran (`phases.spawn_ms` then holds no thread creation).
     #[serde(default)]
     pub poller_thread_ahead: bool,
+    /// The restart supervisor's thread from taking the restart up (the end of
+    /// `phases.handoff_ms`) to the hand-over, as the scheduler counted it: whether a slow
+    /// restart was its own work, a wait for a CPU, or a sleep. `None` where the kernel
+    /// keeps no such account (`/proc/thread-self/schedstat`).
+    #[serde(default)]
+    pub supervisor: Option<ThreadTime>,
+}
+
+/// A thread's share of a span of wall time, as the scheduler counted it (ms).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ThreadTime {
+    /// The span of wall time.
+    pub span_ms: f64,
+    /// On a CPU (its system calls included, and on kernels that do not account interrupt
+    /// time apart, the softirqs that ran inside them).
+    pub on_cpu_ms: f64,
+    /// Runnable, waiting in a run queue for a CPU.
+    pub runqueue_ms: f64,
+    /// Neither: asleep (blocked on I/O, a lock, another thread or a timer). The span less
+    /// the other two, never below zero.
+    pub slept_ms: f64,
+}
+
+impl ThreadTime {
+    /// The share of `span` between two readings of the thread's counts (ns).
+    pub fn between(span: Duration, on_cpu_ns: u64, runqueue_ns: u64) -> ThreadTime {
+        let span_ms = ms(span);
+        let on_cpu_ms = on_cpu_ns as f64 / 1e6;
+        let runqueue_ms = runqueue_ns as f64 / 1e6;
+        ThreadTime {
+            span_ms,
+            on_cpu_ms,
+            runqueue_ms,
+            slept_ms: (span_ms - on_cpu_ms - runqueue_ms).max(0.0),
+        }
+    }
 }
 
 /// Where one recovery's time went, in milliseconds, in the order the phases run. Their

@@ -12,7 +12,9 @@ use super::close::close_timed;
 use super::reaper::ReaperThread;
 use super::{CLOSE_GRACE_CAP, Ended, HISTORY_LEN, Order, Supervised};
 use crate::iface::neigh::Neighbours;
-use crate::iface::recovery::{Action, Attempt, Event, Recovery, RestartRecord, Revival, State, ms};
+use crate::iface::recovery::{
+    Action, Attempt, Event, Recovery, RestartRecord, Revival, State, ThreadTime, ms,
+};
 use crate::iface::stats;
 use crate::iface::{
     Closed, FLUSH_DEADLINE, Failure, Interface, KeptEndpoint, OpenError, Origin, PendingBank,
@@ -91,6 +93,9 @@ pub(super) struct SupervisorThread {
     /// lab's guests: a restart that runs straight through says it in one line at its end
     /// ([`SupervisorThread::recovered`]); one that waits or fails says it first.
     restart_said: bool,
+    /// When this thread took the restart under way up, and its scheduler counts then
+    /// (`None` where the kernel keeps none): the record's `supervisor`.
+    taken: Option<(Instant, process::SchedStat)>,
 }
 
 /// Where the restart rehearsed at start stands ([`Supervised::rehearse`]).
@@ -130,6 +135,7 @@ impl SupervisorThread {
             spare: None,
             spare_failed: false,
             restart_said: true,
+            taken: None,
         }
     }
 
@@ -299,6 +305,7 @@ impl SupervisorThread {
     /// Bring the interface back after `cause` (detected at `at`): `false` if a close
     /// came first.
     fn restart(&mut self, cause: Failure, untrusted: bool, at: Instant) -> bool {
+        self.take_up();
         if matches!(cause, Failure::Rehearsal) {
             tracing::info!(iface = %self.s.name, epoch = self.machine.epoch(), "rehearsing the restart after a failed poll");
         } else {
@@ -414,13 +421,16 @@ impl SupervisorThread {
             }
             Action::Revive(Revival::Operator) => {
                 tracing::info!(iface = %self.s.name, "operator restart: reviving the dead interface");
+                self.take_up();
                 None
             }
             Action::Revive(Revival::DeviceReturned) => {
                 tracing::info!(iface = %self.s.name, "the device returned: reviving the dead interface");
+                self.take_up();
                 None
             }
             Action::Dead { why, mut record } => {
+                self.taken = None;
                 tracing::error!(iface = %self.s.name, %why, "circuit breaker tripped: interface declared dead; `uipoib restart` revives it");
                 self.settle_pending(PENDING_BOUND);
                 self.fold_settled(&mut record);
@@ -433,6 +443,7 @@ impl SupervisorThread {
                 None
             }
             Action::Recovered(mut record) => {
+                record.supervisor = self.took_up();
                 // The new epoch runs: the failed QP it replaced goes now, and its bank
                 // of slots is reaped, off the restart's time.
                 self.settle_pending(PENDING_BOUND);
@@ -582,6 +593,26 @@ impl SupervisorThread {
         }
     }
 
+    /// A restart (or a revival) starts here: this thread's scheduler counts, read before
+    /// anything else and once more at the hand-over ([`Self::took_up`]), one small read
+    /// of /proc each.
+    fn take_up(&mut self) {
+        self.taken = process::thread_schedstat()
+            .ok()
+            .map(|s| (Instant::now(), s));
+    }
+
+    /// This thread's share of the restart it took up, from [`Self::take_up`] to now.
+    fn took_up(&mut self) -> Option<ThreadTime> {
+        let (at, then) = self.taken.take()?;
+        let now = process::thread_schedstat().ok()?;
+        Some(ThreadTime::between(
+            at.elapsed(),
+            now.on_cpu_ns.saturating_sub(then.on_cpu_ns),
+            now.runqueue_ns.saturating_sub(then.runqueue_ns),
+        ))
+    }
+
     /// A restart is complete: count it, say it, record it.
     fn recovered(&mut self, record: RestartRecord) {
         stats::add(&self.s.stats.restarts, 1);
@@ -591,6 +622,7 @@ impl SupervisorThread {
                 kept_device = record.kept_device, reaped = record.wr_reaped,
                 sends_reaped = record.sends_reaped, flushed = record.flushed,
                 ledger_balanced = record.ledger_balanced, phases = ?record.phases,
+                supervisor = ?record.supervisor,
                 "interface running again"
             );
         } else {
@@ -600,6 +632,7 @@ impl SupervisorThread {
                 kept_device = record.kept_device, reaped = record.wr_reaped,
                 sends_reaped = record.sends_reaped, flushed = record.flushed,
                 ledger_balanced = record.ledger_balanced, phases = ?record.phases,
+                supervisor = ?record.supervisor,
                 "interface restarted and running again"
             );
         }
@@ -613,7 +646,7 @@ impl SupervisorThread {
         tracing::info!(
             iface = %self.s.name, epoch = record.epoch, recovery_ms = record.recovery_ms,
             reaped = record.wr_reaped, ledger_balanced = record.ledger_balanced,
-            phases = ?record.phases,
+            phases = ?record.phases, supervisor = ?record.supervisor,
             "restart after a failed poll rehearsed"
         );
         if let Ok(mut st) = self.s.status.lock() {
