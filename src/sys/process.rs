@@ -170,9 +170,12 @@ pub fn thread_policy() -> io::Result<i32> {
     Ok(r)
 }
 
-/// What the scheduler has counted for the calling thread (`/proc/thread-self/schedstat`):
-/// its time on a CPU and its time runnable, waiting in a run queue for one. Time in
-/// neither the thread slept (blocked on I/O, a lock, another thread, a timer).
+/// What the scheduler has counted for the calling thread: its time on a CPU
+/// (`CLOCK_THREAD_CPUTIME_ID`, up to date when read) and its time runnable, waiting in a
+/// run queue for one (`/proc/thread-self/schedstat`'s second field, complete while the
+/// thread runs: it is added as the thread gets a CPU). Time in neither the thread slept
+/// (blocked on I/O, a lock, another thread, a timer). `schedstat`'s first field is not
+/// used: for a running thread it lags until the next tick or switch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SchedStat {
     /// Time on a CPU (ns), its system calls included.
@@ -185,7 +188,7 @@ pub struct SchedStat {
 /// (built without `CONFIG_SCHED_INFO`) or `/proc` is not mounted.
 pub fn thread_schedstat() -> io::Result<SchedStat> {
     let text = std::fs::read_to_string("/proc/thread-self/schedstat")?;
-    parse_schedstat(&text).ok_or_else(|| {
+    let mut s = parse_schedstat(&text).ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::InvalidData,
             format!(
@@ -193,7 +196,25 @@ pub fn thread_schedstat() -> io::Result<SchedStat> {
                 text.trim()
             ),
         )
-    })
+    })?;
+    s.on_cpu_ns = thread_cpu_ns()?;
+    Ok(s)
+}
+
+/// The calling thread's CPU time (ns), `clock_gettime(CLOCK_THREAD_CPUTIME_ID)`: the
+/// kernel brings a running thread's count up to date for it.
+fn thread_cpu_ns() -> io::Result<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) writes one `timespec` through the pointer, which points to
+    // a live local of that type.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
 /// `schedstat`'s text: time on a CPU (ns), time waiting in a run queue (ns), timeslices.

@@ -60,7 +60,7 @@ pub struct RestartRecord {
     /// The restart supervisor's thread from taking the restart up (the end of
     /// `phases.handoff_ms`) to the hand-over, as the scheduler counted it: whether a slow
     /// restart was its own work, a wait for a CPU, or a sleep. `None` where the kernel
-    /// keeps no such account (`/proc/thread-self/schedstat`).
+    /// keeps no such account (the thread's CPU clock and `/proc/thread-self/schedstat`).
     #[serde(default)]
     pub supervisor: Option<ThreadTime>,
 }
