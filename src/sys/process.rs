@@ -188,7 +188,7 @@ pub struct SchedStat {
 /// (built without `CONFIG_SCHED_INFO`) or `/proc` is not mounted.
 pub fn thread_schedstat() -> io::Result<SchedStat> {
     let text = std::fs::read_to_string("/proc/thread-self/schedstat")?;
-    let mut s = parse_schedstat(&text).ok_or_else(|| {
+    let runqueue_ns = parse_run_delay(&text).ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::InvalidData,
             format!(
@@ -197,8 +197,10 @@ pub fn thread_schedstat() -> io::Result<SchedStat> {
             ),
         )
     })?;
-    s.on_cpu_ns = thread_cpu_ns()?;
-    Ok(s)
+    Ok(SchedStat {
+        on_cpu_ns: thread_cpu_ns()?,
+        runqueue_ns,
+    })
 }
 
 /// The calling thread's CPU time (ns), `clock_gettime(CLOCK_THREAD_CPUTIME_ID)`: the
@@ -217,19 +219,17 @@ fn thread_cpu_ns() -> io::Result<u64> {
     Ok(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
-/// `schedstat`'s text: time on a CPU (ns), time waiting in a run queue (ns), timeslices.
-fn parse_schedstat(text: &str) -> Option<SchedStat> {
+/// `schedstat`'s text (time on a CPU, time waiting in a run queue, both ns, and
+/// timeslices): its second field, the run delay.
+fn parse_run_delay(text: &str) -> Option<u64> {
     let mut f = text.split_whitespace().map(str::parse::<u64>);
-    let on_cpu_ns = f.next()?.ok()?;
+    f.next()?.ok()?;
     let runqueue_ns = f.next()?.ok()?;
     f.next()?.ok()?;
     if f.next().is_some() {
         return None;
     }
-    Some(SchedStat {
-        on_cpu_ns,
-        runqueue_ns,
-    })
+    Some(runqueue_ns)
 }
 
 #[cfg(test)]
@@ -238,15 +238,9 @@ mod tests {
 
     #[test]
     fn schedstat_is_three_numbers_and_anything_else_is_refused() {
-        assert_eq!(
-            parse_schedstat("1200 340 7\n"),
-            Some(SchedStat {
-                on_cpu_ns: 1200,
-                runqueue_ns: 340
-            })
-        );
+        assert_eq!(parse_run_delay("1200 340 7\n"), Some(340));
         for bad in ["", "1 2", "1 2 3 4", "1 x 3", "-1 2 3"] {
-            assert_eq!(parse_schedstat(bad), None, "{bad:?}");
+            assert_eq!(parse_run_delay(bad), None, "{bad:?}");
         }
     }
 

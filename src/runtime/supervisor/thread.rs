@@ -594,8 +594,8 @@ impl SupervisorThread {
     }
 
     /// A restart (or a revival) starts here: this thread's scheduler counts, read before
-    /// anything else and once more at the hand-over ([`Self::took_up`]), one small read
-    /// of /proc each.
+    /// anything else and once more at the hand-over ([`Self::took_up`]): one small read
+    /// of /proc and one of the thread's CPU clock each.
     fn take_up(&mut self) {
         self.taken = process::thread_schedstat()
             .ok()
